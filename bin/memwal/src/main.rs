@@ -1,0 +1,169 @@
+//! `memwal`: command-line access to MemWAL shards of a Lance table.
+//!
+//! Today it manages shard manifests (create, claim, seal, unseal, show); the
+//! ingestion daemon will be served from this binary as well.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use memwal_fencing::{
+    FencingError, ManifestStore, ShardId, ShardIdentity, ShardManifest, ShardStatus,
+};
+use memwal_store::{open_store, RetryPolicy};
+
+#[derive(Parser)]
+#[command(
+    name = "memwal",
+    version,
+    about = "MemWAL shard tools for Lance tables"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Shard manifest operations.
+    Shard {
+        #[command(subcommand)]
+        op: ShardOp,
+    },
+}
+
+#[derive(clap::Args)]
+struct ShardArgs {
+    /// Table URI: a local directory, file://, memory:// or s3://bucket/prefix.
+    #[arg(long, env = "MEMWAL_TABLE")]
+    table: String,
+    /// Shard id (a UUID).
+    #[arg(long)]
+    shard: String,
+}
+
+#[derive(Subcommand)]
+enum ShardOp {
+    /// Create the shard (version 1, epoch 0) if it does not exist.
+    Init {
+        #[command(flatten)]
+        args: ShardArgs,
+        /// Sharding spec id (0 = manual shard).
+        #[arg(long, default_value_t = 0)]
+        spec_id: u32,
+    },
+    /// Claim the shard (creating it as a manual shard if missing), fencing
+    /// the previous writer. Prints the new epoch.
+    Claim {
+        #[command(flatten)]
+        args: ShardArgs,
+    },
+    /// Seal the shard: fence its writer and refuse claims.
+    Seal {
+        #[command(flatten)]
+        args: ShardArgs,
+    },
+    /// Return a sealed shard to ACTIVE.
+    Unseal {
+        #[command(flatten)]
+        args: ShardArgs,
+    },
+    /// Print the latest manifest.
+    Show {
+        #[command(flatten)]
+        args: ShardArgs,
+    },
+    /// Print a fresh random shard id.
+    NewId,
+}
+
+fn manifests(args: &ShardArgs) -> Result<ManifestStore, String> {
+    let shard = ShardId::parse(&args.shard).map_err(|e| e.to_string())?;
+    let loc = open_store(&args.table).map_err(|e| e.to_string())?;
+    Ok(ManifestStore::new(
+        loc.store,
+        &loc.root,
+        shard,
+        RetryPolicy::default(),
+    ))
+}
+
+fn describe(m: &ShardManifest) -> String {
+    let status = match ShardStatus::try_from(m.status) {
+        Ok(ShardStatus::Active) => "ACTIVE",
+        Ok(ShardStatus::Sealed) => "SEALED",
+        Err(_) => "UNKNOWN",
+    };
+    let mut out = format!(
+        "version: {}\nwriter_epoch: {}\nstatus: {status}\nshard_spec_id: {}\ncurrent_generation: {}\nreplay_after_wal_entry_position: {}\nwal_entry_position_last_seen: {}\nsstables: {}\n",
+        m.version,
+        m.writer_epoch,
+        m.shard_spec_id,
+        m.current_generation,
+        m.replay_after_wal_entry_position,
+        m.wal_entry_position_last_seen,
+        m.sstables.len(),
+    );
+    for s in &m.sstables {
+        out.push_str(&format!("  - generation {} at {}\n", s.generation, s.path));
+    }
+    out
+}
+
+async fn run(cli: Cli) -> Result<String, String> {
+    let Command::Shard { op } = cli.command;
+    let err = |e: FencingError| e.to_string();
+    match op {
+        ShardOp::NewId => Ok(format!("{}\n", ShardId::random())),
+        ShardOp::Init { args, spec_id } => {
+            let identity = ShardIdentity {
+                spec_id,
+                ..Default::default()
+            };
+            let m = manifests(&args)?
+                .initialize_shard(&identity)
+                .await
+                .map_err(err)?;
+            Ok(describe(&m))
+        }
+        ShardOp::Claim { args } => {
+            let c = manifests(&args)?
+                .claim(Some(&ShardIdentity::manual()))
+                .await
+                .map_err(err)?;
+            Ok(format!(
+                "claimed epoch {}\n{}",
+                c.epoch,
+                describe(&c.manifest)
+            ))
+        }
+        ShardOp::Seal { args } => Ok(describe(&manifests(&args)?.seal().await.map_err(err)?)),
+        ShardOp::Unseal { args } => Ok(describe(&manifests(&args)?.unseal().await.map_err(err)?)),
+        ShardOp::Show { args } => match manifests(&args)?.load_latest().await.map_err(err)? {
+            Some(m) => Ok(describe(&m)),
+            None => Err(format!(
+                "shard {} has no manifest in {}",
+                args.shard, args.table
+            )),
+        },
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()).await {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("memwal: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! The claim protocol: create, claim, check, update, seal, unseal.
+
+use memwal_proto::{ShardManifest, ShardStatus};
+use memwal_store::CreateOutcome;
+use tracing::Instrument;
+
+use crate::{codec, FencingError, FencingResult, ManifestStore, ShardIdentity};
+
+/// A won claim: this writer now owns the shard at `epoch`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The fencing token this writer holds.
+    pub epoch: u64,
+    /// The manifest version the claim wrote.
+    pub manifest: ShardManifest,
+}
+
+impl ManifestStore {
+    /// Creates the shard (version 1, epoch 0) with `identity`, or returns the
+    /// existing version 1 when it was created with the same identity.
+    /// Creating twice is harmless; a different identity is
+    /// [`FencingError::IdentityMismatch`].
+    pub async fn initialize_shard(&self, identity: &ShardIdentity) -> FencingResult<ShardManifest> {
+        let first = ShardManifest {
+            shard_id: Some(self.shard().to_proto()),
+            version: 1,
+            shard_spec_id: identity.spec_id,
+            shard_field_entries: identity.entries(),
+            writer_epoch: 0,
+            current_generation: 1,
+            status: ShardStatus::Active as i32,
+            ..Default::default()
+        };
+        match self.write_version(1, codec::encode(&first)).await? {
+            CreateOutcome::Created | CreateOutcome::Identical => Ok(first),
+            CreateOutcome::Conflict(_) => {
+                let existing =
+                    self.load_version(1)
+                        .await?
+                        .ok_or_else(|| FencingError::Corrupt {
+                            path: self.layout().manifest_path(1).to_string(),
+                            reason: "version 1 collided but cannot be read back".into(),
+                        })?;
+                self.check_identity(&existing, identity)?;
+                Ok(existing)
+            }
+        }
+    }
+
+    /// Takes ownership of the shard: writes the next version with
+    /// `writer_epoch + 1`, which fences the previous writer at its next
+    /// manifest check or WAL collision.
+    ///
+    /// With `create_with`, a missing shard is created first and an existing
+    /// one must have that identity; without, a missing shard is
+    /// [`FencingError::ShardNotFound`]. A SEALED shard is refused
+    /// ([`FencingError::Sealed`]). When another claimer already reached our
+    /// epoch the claim is [`FencingError::ClaimLost`] (no retry at a higher
+    /// epoch: no epoch war). A claim whose write outcome is unknown is never
+    /// assumed won: it is made again above whatever landed.
+    pub async fn claim(&self, create_with: Option<&ShardIdentity>) -> FencingResult<Claim> {
+        let span = tracing::info_span!("claim", shard = %self.shard());
+        async {
+            let result = self.claim_inner(create_with).await;
+            let outcome = match &result {
+                Ok(_) => "won",
+                Err(FencingError::ClaimLost { .. }) => "lost",
+                Err(FencingError::Sealed { .. }) => "sealed",
+                Err(_) => "error",
+            };
+            metrics::counter!("memwal_claims_total", "outcome" => outcome).increment(1);
+            if let Ok(c) = &result {
+                tracing::info!(
+                    epoch = c.epoch,
+                    version = c.manifest.version,
+                    "claimed shard"
+                );
+            }
+            result
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn claim_inner(&self, create_with: Option<&ShardIdentity>) -> FencingResult<Claim> {
+        for _ in 0..self.max_races() {
+            let base = match self.load_latest().await? {
+                Some(m) => m,
+                None => match create_with {
+                    Some(identity) => {
+                        self.initialize_shard(identity).await?;
+                        continue;
+                    }
+                    None => {
+                        return Err(FencingError::ShardNotFound {
+                            shard: self.shard(),
+                        })
+                    }
+                },
+            };
+            if let Some(identity) = create_with {
+                self.check_identity(&base, identity)?;
+            }
+            if base.status == ShardStatus::Sealed as i32 {
+                return Err(FencingError::Sealed {
+                    shard: self.shard(),
+                });
+            }
+            let wanted = base.writer_epoch + 1;
+            let mut next = base.clone();
+            next.version = base.version + 1;
+            next.writer_epoch = wanted;
+            let bytes = codec::encode_with_claim_token(&next, rand::random());
+            match self.write_version(next.version, bytes).await {
+                // The token makes our bytes unique: Identical is our own write.
+                Ok(CreateOutcome::Created | CreateOutcome::Identical) => {
+                    return Ok(Claim {
+                        epoch: wanted,
+                        manifest: next,
+                    })
+                }
+                Ok(CreateOutcome::Conflict(bytes)) => {
+                    let path = self.layout().manifest_path(next.version);
+                    let stored = codec::decode(path.as_ref(), &bytes, next.version, self.shard())?;
+                    if stored.writer_epoch >= wanted {
+                        return Err(FencingError::ClaimLost {
+                            shard: self.shard(),
+                            wanted_epoch: wanted,
+                            stored_epoch: stored.writer_epoch,
+                        });
+                    }
+                    // A non-claim update (e.g. a publish) won the slot: retry on it.
+                }
+                Err(e) if e.is_outcome_unknown() => {
+                    // Fail closed: whatever landed, claim again above it.
+                    tracing::warn!(error = %e, "claim outcome unknown; claiming again");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(FencingError::Contended {
+            shard: self.shard(),
+            attempts: self.max_races(),
+        })
+    }
+
+    /// The latest manifest, provided `epoch` still owns the shard:
+    /// [`FencingError::Fenced`] when a newer epoch is recorded,
+    /// [`FencingError::Sealed`] when the shard is sealed.
+    pub async fn check_fenced(&self, epoch: u64) -> FencingResult<ShardManifest> {
+        let latest = self
+            .load_latest()
+            .await?
+            .ok_or(FencingError::ShardNotFound {
+                shard: self.shard(),
+            })?;
+        self.check_owner(&latest, epoch)?;
+        Ok(latest)
+    }
+
+    /// Writes the next manifest version as the owner at `epoch`.
+    ///
+    /// Each round re-reads the latest version, checks `epoch` against it
+    /// ([`ManifestStore::check_fenced`]'s rules), applies `change` to a copy
+    /// and writes it with put-if-not-exists; a lost race re-runs the round
+    /// on the new version, so `change` must be idempotent with respect to
+    /// what it finds. `change` cannot alter the fields it does not own:
+    /// shard id, identity, epoch, version and status are kept from the base.
+    pub async fn update<F>(&self, epoch: u64, mut change: F) -> FencingResult<ShardManifest>
+    where
+        F: FnMut(&mut ShardManifest) -> FencingResult<()>,
+    {
+        for _ in 0..self.max_races() {
+            let base = self.check_fenced(epoch).await?;
+            let mut next = base.clone();
+            change(&mut next)?;
+            next.shard_id = base.shard_id.clone();
+            next.shard_spec_id = base.shard_spec_id;
+            next.shard_field_entries = base.shard_field_entries.clone();
+            next.writer_epoch = base.writer_epoch;
+            next.status = base.status;
+            next.version = base.version + 1;
+            // Our epoch is in the bytes and no one else holds it: Identical
+            // can only be our own landed write.
+            match self
+                .write_version(next.version, codec::encode(&next))
+                .await?
+            {
+                CreateOutcome::Created | CreateOutcome::Identical => return Ok(next),
+                CreateOutcome::Conflict(_) => continue,
+            }
+        }
+        Err(FencingError::Contended {
+            shard: self.shard(),
+            attempts: self.max_races(),
+        })
+    }
+
+    /// Marks the shard SEALED and fences its live writer (the epoch is
+    /// bumped in the same version). Sealing a sealed shard returns it as is.
+    pub async fn seal(&self) -> FencingResult<ShardManifest> {
+        self.set_status(ShardStatus::Sealed).await
+    }
+
+    /// Returns a SEALED shard to ACTIVE so it can be claimed again.
+    /// Unsealing an active shard returns it as is.
+    pub async fn unseal(&self) -> FencingResult<ShardManifest> {
+        self.set_status(ShardStatus::Active).await
+    }
+
+    async fn set_status(&self, status: ShardStatus) -> FencingResult<ShardManifest> {
+        for _ in 0..self.max_races() {
+            let base = self
+                .load_latest()
+                .await?
+                .ok_or(FencingError::ShardNotFound {
+                    shard: self.shard(),
+                })?;
+            if base.status == status as i32 {
+                return Ok(base);
+            }
+            let mut next = base.clone();
+            next.version = base.version + 1;
+            next.status = status as i32;
+            if status == ShardStatus::Sealed {
+                next.writer_epoch = base.writer_epoch + 1;
+            }
+            let bytes = codec::encode_with_claim_token(&next, rand::random());
+            match self.write_version(next.version, bytes).await {
+                Ok(CreateOutcome::Created | CreateOutcome::Identical) => {
+                    tracing::info!(shard = %self.shard(), ?status, version = next.version, "shard status changed");
+                    return Ok(next);
+                }
+                Ok(CreateOutcome::Conflict(_)) => continue,
+                Err(e) if e.is_outcome_unknown() => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(FencingError::Contended {
+            shard: self.shard(),
+            attempts: self.max_races(),
+        })
+    }
+
+    fn check_owner(&self, m: &ShardManifest, epoch: u64) -> FencingResult<()> {
+        if m.status == ShardStatus::Sealed as i32 {
+            return Err(FencingError::Sealed {
+                shard: self.shard(),
+            });
+        }
+        if m.writer_epoch > epoch {
+            return Err(FencingError::Fenced {
+                shard: self.shard(),
+                local_epoch: epoch,
+                stored_epoch: m.writer_epoch,
+            });
+        }
+        if m.writer_epoch < epoch {
+            return Err(FencingError::EpochRegressed {
+                shard: self.shard(),
+                local_epoch: epoch,
+                stored_epoch: m.writer_epoch,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_identity(&self, m: &ShardManifest, identity: &ShardIdentity) -> FencingResult<()> {
+        let found = ShardIdentity::of_manifest(m);
+        if &found != identity {
+            return Err(FencingError::IdentityMismatch {
+                shard: self.shard(),
+                reason: format!("stored {found:?}, requested {identity:?}"),
+            });
+        }
+        Ok(())
+    }
+}

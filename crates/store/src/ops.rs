@@ -1,0 +1,173 @@
+use bytes::Bytes;
+use object_store::{path::Path, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::{is_transient, RetryPolicy, StoreError, StoreResult};
+
+/// What a conditional create found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOutcome {
+    /// The store accepted our PUT and reported success.
+    Created,
+    /// The object already existed and holds exactly the bytes we sent.
+    ///
+    /// This is our own write when a retry (ours, or the store client's) hit
+    /// the object an earlier attempt had landed; it is also what a peer that
+    /// wrote identical bytes leaves. Only the caller knows whether its bytes
+    /// are unique to it.
+    Identical,
+    /// The object already existed with different bytes (returned).
+    Conflict(Bytes),
+}
+
+/// Writes `bytes` to `path` only if nothing is there (put-if-not-exists).
+///
+/// Transient failures are retried with the identical bytes. A collision is
+/// resolved by reading the object back and comparing it with what we sent,
+/// so a PUT that landed but reported an error is never taken for a peer's.
+/// When retries run out and the last error could have hidden a landed write,
+/// the result is [`StoreError::OutcomeUnknown`].
+pub async fn create_object(
+    store: &dyn ObjectStore,
+    path: &Path,
+    bytes: Bytes,
+    retry: &RetryPolicy,
+) -> StoreResult<CreateOutcome> {
+    let attempts = retry.attempts();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match store
+            .put_opts(path, PutPayload::from_bytes(bytes.clone()), opts)
+            .await
+        {
+            Ok(_) => return Ok(CreateOutcome::Created),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                // Whose object it is can only be told by reading it back; if
+                // that fails, the collision may hide our own landed write.
+                let existing = match read_object(store, path, retry).await {
+                    Ok(existing) => existing,
+                    Err(StoreError::Request { source, .. }) => {
+                        return Err(StoreError::OutcomeUnknown {
+                            path: path.to_string(),
+                            attempts: attempt,
+                            source,
+                        })
+                    }
+                    Err(e) => return Err(e),
+                };
+                return match existing {
+                    Some(existing) if existing == bytes => Ok(CreateOutcome::Identical),
+                    Some(existing) => Ok(CreateOutcome::Conflict(existing)),
+                    // Existed a moment ago, gone now: only a deletion by
+                    // someone else explains it. Report it rather than retry
+                    // into a slot another process is managing.
+                    None => Err(StoreError::Request {
+                        op: "put",
+                        path: path.to_string(),
+                        source: object_store::Error::Generic {
+                            store: "memwal",
+                            source: "object reported as existing vanished before it could be read"
+                                .into(),
+                        },
+                    }),
+                };
+            }
+            Err(e) if is_transient(&e) => {
+                if attempt >= attempts {
+                    return Err(StoreError::OutcomeUnknown {
+                        path: path.to_string(),
+                        attempts: attempt,
+                        source: e,
+                    });
+                }
+                tracing::debug!(%path, attempt, error = %e, "retrying conditional create");
+                retry.backoff(attempt).await;
+            }
+            Err(e) => {
+                // A definite refusal (denied, unsupported, bad path): nothing
+                // landed on this attempt, but an earlier attempt may have.
+                if attempt > 1 {
+                    return Err(StoreError::OutcomeUnknown {
+                        path: path.to_string(),
+                        attempts: attempt,
+                        source: e,
+                    });
+                }
+                return Err(StoreError::request("put", path, e));
+            }
+        }
+    }
+}
+
+/// Reads a whole object; `Ok(None)` only when the store says it is missing.
+///
+/// Transient failures are retried; when retries run out the error is
+/// returned, never mistaken for "absent".
+pub async fn read_object(
+    store: &dyn ObjectStore,
+    path: &Path,
+    retry: &RetryPolicy,
+) -> StoreResult<Option<Bytes>> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let result = match store.get(path).await {
+            Ok(got) => got.bytes().await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(bytes) => return Ok(Some(bytes)),
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) if is_transient(&e) && attempt < retry.attempts() => {
+                tracing::debug!(%path, attempt, error = %e, "retrying read");
+                retry.backoff(attempt).await;
+            }
+            Err(e) => return Err(StoreError::request("get", path, e)),
+        }
+    }
+}
+
+/// Whether an object exists; `Ok(false)` only when the store says missing.
+pub async fn object_exists(
+    store: &dyn ObjectStore,
+    path: &Path,
+    retry: &RetryPolicy,
+) -> StoreResult<bool> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match store.head(path).await {
+            Ok(_) => return Ok(true),
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) if is_transient(&e) && attempt < retry.attempts() => {
+                retry.backoff(attempt).await;
+            }
+            Err(e) => return Err(StoreError::request("head", path, e)),
+        }
+    }
+}
+
+/// Unconditional PUT (for best-effort objects such as hints), retried on
+/// transient failures.
+pub async fn put_overwrite(
+    store: &dyn ObjectStore,
+    path: &Path,
+    bytes: Bytes,
+    retry: &RetryPolicy,
+) -> StoreResult<()> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match store.put(path, PutPayload::from_bytes(bytes.clone())).await {
+            Ok(_) => return Ok(()),
+            Err(e) if is_transient(&e) && attempt < retry.attempts() => {
+                retry.backoff(attempt).await;
+            }
+            Err(e) => return Err(StoreError::request("put", path, e)),
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! Test support shared by memwal's crates: an object store wrapper that
+//! injects faults, holds requests at gates, counts requests and can "cut
+//! power", plus helpers to recognise injected errors, and
+//! [`s3_test_location`] for tests that run against a real S3-compatible
+//! server (see [`s3`] for the environment it reads).
+//!
+//! Faults are decided by a hook the test installs; nothing here sleeps or
+//! depends on timing unless a hook asks for a delay.
+
+mod fault_store;
+mod gate;
+pub mod s3;
+
+pub use fault_store::{Action, FaultStore, Op, OpKind};
+pub use gate::Gate;
+pub use s3::{s3_test_location, S3_URI_ENV};
+
+/// The error a fault hook injects: a transient, generic store failure that
+/// looks like a timeout to the code under test.
+pub fn injected_error(what: &str) -> object_store::Error {
+    object_store::Error::Generic {
+        store: "fault-injection",
+        source: format!("injected fault: {what}").into(),
+    }
+}

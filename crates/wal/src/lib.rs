@@ -1,0 +1,39 @@
+//! The MemWAL write-ahead log of one shard (MEMWAL.md "WAL").
+//!
+//! - [`codec`]: one Arrow IPC stream per entry with `writer_epoch`,
+//!   `generation` and `fence_sentinel` schema metadata; decodes upstream's
+//!   shapes too.
+//! - [`WalAppender`]: concurrent appends with group commit; an append
+//!   resolves only once durable; positions contiguous, one PUT in flight;
+//!   collisions are resolved against the manifest (fenced, sealed, or a
+//!   protocol violation) and poison the appender.
+//! - [`write_fence_sentinel`]: after a claim, the data-less entry at the
+//!   WAL tip that makes the previous writer's next append collide.
+//! - [`find_tail`]: the last entry, from the manifest's hint, never below
+//!   the replay cursor; read errors are never "missing".
+//! - [`replay`]: the entries a new writer must rebuild, exactly up to its
+//!   sentinel, with gaps and newer epochs as typed errors.
+//!
+//! A writer's recovery is: `ManifestStore::claim` -> [`write_fence_sentinel`]
+//! -> [`replay`] -> [`WalAppender::start`] at sentinel + 1.
+
+#![warn(missing_docs)]
+
+mod appender;
+pub mod codec;
+mod commit;
+mod error;
+mod location;
+mod replay;
+mod sentinel;
+mod tail;
+
+pub use appender::{
+    AppendAck, AppendTicket, GenerationSwitch, SwitchTicket, WalAppender, WalConfig,
+};
+pub use codec::WalEntry;
+pub use error::{WalError, WalResult};
+pub use location::WalLocation;
+pub use replay::{replay, ReplayEntry, ReplayRange, DEFAULT_REPLAY_PREFETCH};
+pub use sentinel::write_fence_sentinel;
+pub use tail::{find_tail, find_tail_for};

@@ -1,0 +1,318 @@
+//! Group commit, generation and schema barriers, entry size bound.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use arrow_array::{Int64Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use memwal_store::Path;
+use memwal_testkit::{Action, FaultStore, Gate, OpKind};
+use memwal_wal::{WalConfig, WalError, WalLocation};
+
+use crate::common::*;
+
+/// Holds the first WAL PUT made after this call at the returned gate.
+fn hold_first_put(fs: &FaultStore, prefix: String) -> Gate {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let first = AtomicBool::new(true);
+    fs.set_hook(move |op| {
+        if op.kind == OpKind::Put
+            && op.path.starts_with(&prefix)
+            && first.swap(false, Ordering::SeqCst)
+        {
+            Action::Hold(g.clone(), Box::new(Action::Pass))
+        } else {
+            Action::Pass
+        }
+    });
+    gate
+}
+
+async fn wait_queued(wal: &memwal_wal::WalAppender, n: usize) {
+    while wal.queued() < n {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// 64 appends made while a PUT is held open go out together once it
+/// completes, each acknowledged at the entry holding its rows. Breaks if
+/// the appender issues one PUT per append, lets a second PUT start while
+/// one is in flight, or hands out positions/batch ranges that do not
+/// match the entry's contents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_made_during_a_held_put_share_few_entries() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let w = open_writer(fs.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    let prefix = wal_prefix(&root, shard);
+    let gate = hold_first_put(&fs, prefix.clone());
+    let first = w.wal.submit(vec![rows(&[-1])]).unwrap();
+    gate.wait_arrived(1).await;
+    let puts_before = fs.count(OpKind::Put, &prefix);
+    let tasks: Vec<_> = (0..64i64)
+        .map(|i| {
+            let wal = w.wal.clone();
+            tokio::spawn(async move {
+                let ids = vec![i, 100 + i];
+                let batches = vec![rows(&ids[..1]), rows(&ids[1..])];
+                (ids, wal.append(batches).await.unwrap())
+            })
+        })
+        .collect();
+    wait_queued(&w.wal, 64).await;
+    assert_eq!(
+        fs.count(OpKind::Put, &prefix),
+        puts_before,
+        "no second PUT while one is in flight"
+    );
+    gate.open();
+    let mut acks = vec![(vec![-1], first.await.unwrap())];
+    for t in tasks {
+        acks.push(t.await.unwrap());
+    }
+    let puts = fs.count(OpKind::Put, &prefix) - puts_before;
+    assert!(puts <= 3, "64 concurrent appends took {puts} PUTs");
+    assert_eq!(acks[0].1.position, 2);
+    assert!(acks[1..]
+        .iter()
+        .all(|(_, a)| a.position >= 3 && a.position < 3 + puts as u64));
+    let next = open_writer(inner.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    assert_acks_replayed_once(&acks, &next.replayed);
+}
+
+/// An append on an idle appender costs exactly one request: one PUT (no
+/// HEAD, no GET, no LIST, no timer). Breaks if the durable path probes,
+/// reads back, or re-checks the manifest on success.
+#[tokio::test]
+async fn a_lone_append_is_exactly_one_put() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let w = open_writer(fs.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let before = fs.ops().len();
+        let puts = fs.count(OpKind::Put, &wal_prefix(&root, shard));
+        w.wal.append(vec![rows(&[i])]).await.unwrap();
+        assert_eq!(fs.count(OpKind::Put, &wal_prefix(&root, shard)), puts + 1);
+        assert_eq!(fs.ops().len(), before + 1, "{:?}", &fs.ops()[before..]);
+    }
+}
+
+/// Appends queued on both sides of generation switches never share an
+/// entry, each generation is one run of positions, and each switch reports
+/// the last position before it. Breaks if grouping ignores the barrier
+/// (one entry would hold all three generations) or the switch resolves
+/// before earlier appends are durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generation_switch_is_a_barrier() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let w = open_writer(fs.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    let gate = hold_first_put(&fs, wal_prefix(&root, shard));
+    let t0 = w.wal.submit(vec![rows(&[0])]).unwrap();
+    gate.wait_arrived(1).await;
+    let mut tickets = Vec::new();
+    let mut switches = Vec::new();
+    for (g, ids) in [(1u64, [1, 2, 3]), (2, [4, 5, 6]), (3, [7, 8, 9])] {
+        if g > 1 {
+            switches.push(w.wal.switch_generation(g).unwrap());
+        }
+        for id in ids {
+            tickets.push((g, id, w.wal.submit(vec![rows(&[id])]).unwrap()));
+        }
+    }
+    assert!(matches!(
+        w.wal.switch_generation(3),
+        Err(WalError::InvalidInput { .. })
+    ));
+    assert_eq!(w.wal.generation(), 3);
+    gate.open();
+    assert_eq!(t0.await.unwrap().position, 2);
+    for (g, _id, t) in tickets {
+        let ack = t.await.unwrap();
+        assert_eq!(ack.generation, g);
+        assert_eq!(
+            ack.position,
+            2 + g,
+            "generation {g} is one entry after the held one"
+        );
+    }
+    let s2 = switches.remove(0).await.unwrap();
+    let s3 = switches.remove(0).await.unwrap();
+    assert_eq!(
+        (s2.previous_generation, s2.generation, s2.last_position),
+        (1, 2, 3)
+    );
+    assert_eq!(
+        (s3.previous_generation, s3.generation, s3.last_position),
+        (2, 3, 4)
+    );
+    let entries = read_all(&WalLocation::of(&w.manifests)).await;
+    let gens: Vec<_> = entries.values().map(|e| e.generation).collect();
+    assert_eq!(gens, vec![None, Some(1), Some(1), Some(2), Some(3)]);
+}
+
+/// Concurrent appenders and a task switching generations: every append's
+/// rows sit in an entry of the generation it was submitted under, and
+/// generations never go back along positions. Breaks if a switch lets
+/// appends of two generations share an entry, or if an append is stamped
+/// with a generation other than the one in force when it was enqueued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_with_switches_never_mix_generations() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let w = open_writer(inner.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    // Appenders read the generation and submit under a read lock; the
+    // switcher switches under the write lock, so each append knows its
+    // generation exactly.
+    let lock = Arc::new(parking_lot::RwLock::new(()));
+    let appenders: Vec<_> = (0..4i64)
+        .map(|t| {
+            let (wal, lock) = (w.wal.clone(), lock.clone());
+            tokio::spawn(async move {
+                let mut acks = Vec::new();
+                for i in 0..40 {
+                    let ids = vec![t * 1000 + i];
+                    let (g, ticket) = {
+                        let _r = lock.read();
+                        (wal.generation(), wal.submit(vec![rows(&ids)]).unwrap())
+                    };
+                    let ack = ticket.await.unwrap();
+                    assert_eq!(ack.generation, g);
+                    acks.push((ids, ack));
+                }
+                acks
+            })
+        })
+        .collect();
+    let switcher = {
+        let (wal, lock) = (w.wal.clone(), lock.clone());
+        tokio::spawn(async move {
+            let mut out = Vec::new();
+            for g in 2..=6 {
+                for _ in 0..10 {
+                    tokio::task::yield_now().await;
+                }
+                let ticket = {
+                    let _w = lock.write();
+                    wal.switch_generation(g).unwrap()
+                };
+                out.push(ticket.await.unwrap());
+            }
+            out
+        })
+    };
+    let mut acks = Vec::new();
+    for a in appenders {
+        acks.extend(a.await.unwrap());
+    }
+    let switches = switcher.await.unwrap();
+    let entries = read_all(&WalLocation::of(&w.manifests)).await;
+    for s in &switches {
+        for (p, e) in &entries {
+            if let Some(g) = e.generation {
+                assert_eq!(
+                    *p <= s.last_position,
+                    g <= s.previous_generation,
+                    "entry {p} vs {s:?}"
+                );
+            }
+        }
+    }
+    let next = open_writer(inner.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    assert_acks_replayed_once(&acks, &next.replayed);
+}
+
+/// Appends with different schemas never share an entry (an IPC stream has
+/// one schema), while same-schema neighbours still group. Breaks if
+/// grouping ignores schemas (the entry would not encode or would garble
+/// columns) or splits more than needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_change_is_a_barrier() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let w = open_writer(fs.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    let other = |v: i64| {
+        let s = Arc::new(Schema::new(vec![Field::new(
+            "other",
+            DataType::Int64,
+            false,
+        )]));
+        RecordBatch::try_new(s, vec![Arc::new(Int64Array::from(vec![v]))]).unwrap()
+    };
+    let gate = hold_first_put(&fs, wal_prefix(&root, shard));
+    let t0 = w.wal.submit(vec![rows(&[0])]).unwrap();
+    gate.wait_arrived(1).await;
+    let ts = [
+        w.wal.submit(vec![rows(&[1])]).unwrap(),
+        w.wal.submit(vec![rows(&[2])]).unwrap(),
+        w.wal.submit(vec![other(3)]).unwrap(),
+        w.wal.submit(vec![other(4)]).unwrap(),
+        w.wal.submit(vec![rows(&[5])]).unwrap(),
+    ];
+    gate.open();
+    t0.await.unwrap();
+    let mut positions = Vec::new();
+    for t in ts {
+        positions.push(t.await.unwrap().position);
+    }
+    assert_eq!(positions, vec![3, 3, 4, 4, 5]);
+}
+
+/// `max_entry_bytes` bounds how many queued appends one entry takes; an
+/// append larger than the bound still goes (alone). Breaks if the bound
+/// is ignored or if an oversized append is refused or stuck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_entry_bytes_bounds_groups() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let one = rows(&[1]).get_array_memory_size();
+    let config = WalConfig {
+        max_entry_bytes: 2 * one,
+        ..WalConfig::default()
+    };
+    let w = open_writer(fs.clone(), &root, shard, config).await.unwrap();
+    let gate = hold_first_put(&fs, wal_prefix(&root, shard));
+    let t0 = w.wal.submit(vec![rows(&[0])]).unwrap();
+    gate.wait_arrived(1).await;
+    let ts: Vec<_> = (1..=5)
+        .map(|i| w.wal.submit(vec![rows(&[i])]).unwrap())
+        .collect();
+    let big = w
+        .wal
+        .submit(vec![rows(&[6]), rows(&[7]), rows(&[8])])
+        .unwrap();
+    gate.open();
+    t0.await.unwrap();
+    let mut positions = Vec::new();
+    for t in ts {
+        positions.push(t.await.unwrap().position);
+    }
+    assert_eq!(positions, vec![3, 3, 4, 4, 5]);
+    assert_eq!(big.await.unwrap().position, 6);
+}
