@@ -380,7 +380,7 @@ async fn own_landed_update_is_recognised_after_a_lost_response() {
         let out = m.update(c.epoch, add_sstable(1)).await.unwrap();
         assert_eq!(out.version, 3, "{name}");
         assert_eq!(
-            faulty.count(OpKind::Put, &m.layout().manifest_path(3).to_string()),
+            faulty.count(OpKind::Put, m.layout().manifest_path(3).as_ref()),
             2
         );
         let fresh = manifests(store.clone(), shard);

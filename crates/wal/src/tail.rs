@@ -39,6 +39,13 @@ pub async fn find_tail(loc: &WalLocation, floor: u64, hint: u64) -> WalResult<u6
     if tail > floor {
         return Ok(tail);
     }
+    // floor + 1 is missing. That is the end of the WAL unless the floor is
+    // 0 (a GC may have deleted a prefix the floor does not know of) or the
+    // hint says entries exist above it; only then is a LIST worth its cost
+    // (a WAL without GC can hold millions of objects).
+    if floor > 0 && hint <= floor {
+        return Ok(floor);
+    }
     match loc.max_listed_position().await? {
         Some(listed) if listed > floor => {
             tracing::debug!(shard = %loc.shard(), floor, listed, "WAL tail found by LIST above a missing floor + 1");
