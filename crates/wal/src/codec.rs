@@ -106,7 +106,7 @@ pub fn encode_entry(
 
 /// Encodes a fence sentinel in upstream's shape: an empty-schema IPC stream
 /// with no batches and metadata `writer_epoch` and `fence_sentinel = "true"`.
-/// Equal epochs give equal bytes.
+/// A retry must resend the bytes returned here (metadata order is not fixed).
 pub fn encode_sentinel(epoch: u64) -> Bytes {
     let metadata = HashMap::from([
         (WRITER_EPOCH_KEY.to_string(), epoch.to_string()),
