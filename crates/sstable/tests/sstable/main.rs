@@ -1,0 +1,12 @@
+//! Integration tests of memwal-sstable, in one binary (each test binary
+//! links all of lance).
+
+mod bloom;
+mod durability;
+mod interop;
+mod model;
+mod stores;
+mod support;
+mod upstream;
+mod wire;
+mod writer;
