@@ -57,7 +57,9 @@ enum ShardOp {
         #[command(flatten)]
         args: ShardArgs,
     },
-    /// Seal the shard: fence its writer and refuse claims.
+    /// Seal the shard for a drop: refuse claims, bump the epoch and put a
+    /// fence sentinel at the WAL tip so the live writer stops at its next
+    /// append.
     Seal {
         #[command(flatten)]
         args: ShardArgs,
@@ -136,7 +138,15 @@ async fn run(cli: Cli) -> Result<String, String> {
                 describe(&c.manifest)
             ))
         }
-        ShardOp::Seal { args } => Ok(describe(&manifests(&args)?.seal().await.map_err(err)?)),
+        ShardOp::Seal { args } => {
+            let (m, sentinel) = memwal_wal::seal_and_fence(&manifests(&args)?)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(format!(
+                "WAL fenced at position {sentinel}\n{}",
+                describe(&m)
+            ))
+        }
         ShardOp::Unseal { args } => Ok(describe(&manifests(&args)?.unseal().await.map_err(err)?)),
         ShardOp::Show { args } => match manifests(&args)?.load_latest().await.map_err(err)? {
             Some(m) => Ok(describe(&m)),

@@ -40,6 +40,8 @@ fn claim_seal_unseal_show_on_a_local_table() {
         ok && out.contains("status: SEALED") && out.contains("writer_epoch: 3"),
         "{out}"
     );
+    // Nothing was ever appended, so the seal's fence sentinel is entry 1.
+    assert!(out.starts_with("WAL fenced at position 1\n"), "{out}");
     let (ok, _, err) = with("claim");
     assert!(!ok && err.contains("sealed"), "{err}");
     let (ok, out, _) = with("unseal");

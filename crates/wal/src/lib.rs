@@ -35,5 +35,5 @@ pub use codec::WalEntry;
 pub use error::{WalError, WalResult};
 pub use location::WalLocation;
 pub use replay::{replay, ReplayEntry, ReplayRange, DEFAULT_REPLAY_PREFETCH};
-pub use sentinel::write_fence_sentinel;
+pub use sentinel::{seal_and_fence, write_fence_sentinel};
 pub use tail::{find_tail, find_tail_for};

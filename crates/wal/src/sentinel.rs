@@ -97,3 +97,15 @@ pub async fn write_fence_sentinel(
     .instrument(span)
     .await
 }
+
+/// Seals the shard for a drop and fences its WAL: [`ManifestStore::seal`]
+/// (claims are refused from now on and the epoch is bumped) followed by a
+/// fence sentinel at the WAL tip written with the sealing epoch. Once this
+/// returns, the live writer's next append collides and stops with
+/// [`WalError::Sealed`]: no append is acknowledged after the seal. Returns
+/// the sealed manifest and the sentinel's position.
+pub async fn seal_and_fence(manifests: &ManifestStore) -> WalResult<(ShardManifest, u64)> {
+    let sealed = manifests.seal().await?;
+    let position = write_fence_sentinel(manifests, sealed.writer_epoch, &sealed).await?;
+    Ok((sealed, position))
+}

@@ -2,9 +2,11 @@
 
 use std::sync::Arc;
 
-use memwal_store::{create_object, ObjectStore, Path, RetryPolicy};
+use memwal_store::{ObjectStore, Path};
 use memwal_testkit::{Action, Gate, OpKind};
-use memwal_wal::{codec, write_fence_sentinel, WalAppender, WalConfig, WalError, WalLocation};
+use memwal_wal::{
+    seal_and_fence, write_fence_sentinel, WalAppender, WalConfig, WalError, WalLocation,
+};
 
 use crate::common::*;
 
@@ -134,7 +136,8 @@ async fn successor_sentinel_moves_past_racing_predecessor_puts() {
 }
 
 /// Breaks if a collision on a SEALED shard is reported as anything but
-/// Sealed (a drop in flight must stop the writer with that reason).
+/// Sealed (a drop in flight must stop the writer with that reason), or if
+/// `seal_and_fence` leaves the WAL tip open (the append would succeed).
 #[tokio::test]
 async fn collision_on_a_sealed_shard_is_sealed() {
     let store = memory();
@@ -143,18 +146,12 @@ async fn collision_on_a_sealed_shard_is_sealed() {
     let a = open_writer(store.clone(), &root, shard, WalConfig::default())
         .await
         .unwrap();
-    manifests(store.clone(), &root, shard).seal().await.unwrap();
-    // Whoever acts for the drop fences the WAL tip.
-    let loc = WalLocation::of(&a.manifests);
-    let next = a.wal.last_durable_position() + 1;
-    create_object(
-        store.as_ref(),
-        &loc.path(next),
-        codec::encode_sentinel(2),
-        &RetryPolicy::immediate(1),
-    )
-    .await
-    .unwrap();
+    // The drop seals the shard and fences the WAL tip in one call.
+    let (sealed, sentinel) = seal_and_fence(&manifests(store.clone(), &root, shard))
+        .await
+        .unwrap();
+    assert_eq!(sealed.writer_epoch, a.epoch() + 1);
+    assert_eq!(sentinel, a.wal.last_durable_position() + 1);
     let err = a.wal.append(vec![rows(&[1])]).await.unwrap_err();
     assert!(matches!(err, WalError::Sealed { .. }), "{err}");
     assert!(matches!(

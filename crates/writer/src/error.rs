@@ -1,0 +1,242 @@
+//! The one public error type, and how the building blocks' errors map to it.
+
+use std::sync::Arc;
+
+use memwal_fencing::{FencingError, ShardId};
+use memwal_memtable::MemTableError;
+use memwal_sharding::ShardingError;
+use memwal_sstable::SsTableError;
+use memwal_store::StoreError;
+use memwal_wal::WalError;
+
+/// Result alias for [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A boxed underlying error, cloneable so one terminal error can be handed
+/// to every caller.
+pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything a [`crate::ShardWriter`] call can fail with.
+///
+/// Whether the rows of a failed `put`/`delete` may be durable is part of the
+/// kind: only [`Error::OutcomeUnknown`] means "maybe"; for every other kind
+/// returned by a write call the rows were not acknowledged and are not in
+/// the WAL. ([`Error::Fenced`] and [`Error::Sealed`] make the writer
+/// terminal; rows acknowledged before stay in the WAL and the next writer
+/// replays them.)
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// A newer writer owns the shard. Terminal: every later call returns it.
+    #[error("shard {shard} is fenced: this writer holds epoch {local_epoch}, found epoch {stored_epoch} ({context})")]
+    Fenced {
+        /// The shard.
+        shard: ShardId,
+        /// The epoch this writer holds (or tried to claim).
+        local_epoch: u64,
+        /// The newer epoch found.
+        stored_epoch: u64,
+        /// Where it was detected.
+        context: String,
+    },
+    /// The shard is SEALED (a drop is in flight). Terminal.
+    #[error("shard {shard} is sealed ({context})")]
+    Sealed {
+        /// The shard.
+        shard: ShardId,
+        /// Where it was detected.
+        context: String,
+    },
+    /// The caller's input or configuration is unusable (wrong schema, null
+    /// key, row of another shard, bad config). Nothing was written; the
+    /// writer stays usable.
+    #[error("invalid input: {reason}")]
+    InvalidInput {
+        /// What was wrong.
+        reason: String,
+    },
+    /// Unflushed data reached `max_unflushed_bytes` and no flush made room
+    /// within the backpressure timeout. Nothing was written; retry later.
+    #[error("backpressure: {reason}")]
+    Backpressure {
+        /// Why flushing is stuck (the last flush error, if any).
+        reason: String,
+    },
+    /// A WAL or manifest write failed in a way that may have landed: the
+    /// rows may or may not be durable. The writer is terminal; a reopen
+    /// (new claim and replay) tells.
+    #[error("outcome unknown, rows may be durable: {reason}")]
+    OutcomeUnknown {
+        /// The failure seen.
+        reason: String,
+    },
+    /// The object store (or lance on top of it) failed after retries.
+    #[error("storage failure ({context}): {source}")]
+    Storage {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: Source,
+    },
+    /// Stored state is inconsistent (undecodable entry, WAL gap, epoch
+    /// conflict, manifest going backwards). Never treated as "missing".
+    #[error("corrupt or inconsistent shard state: {reason}")]
+    Corrupt {
+        /// What was found.
+        reason: String,
+    },
+    /// The writer was closed or aborted (or dropped).
+    #[error("shard writer is closed: {reason}")]
+    Closed {
+        /// How it was closed.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// True for [`Error::Fenced`] and [`Error::Sealed`].
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Self::Fenced { .. } | Self::Sealed { .. })
+    }
+
+    /// True when a failed write's rows may nevertheless be durable.
+    pub fn may_be_durable(&self) -> bool {
+        matches!(self, Self::OutcomeUnknown { .. })
+    }
+
+    /// True when the error leaves the writer unusable (every later call
+    /// fails): everything but [`Error::InvalidInput`] and [`Error::Backpressure`].
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, Self::InvalidInput { .. } | Self::Backpressure { .. })
+    }
+
+    pub(crate) fn invalid(reason: impl Into<String>) -> Self {
+        Self::InvalidInput {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn closed(reason: impl Into<String>) -> Self {
+        Self::Closed {
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn storage(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Storage {
+            context: context.into(),
+            source: Arc::new(source),
+        }
+    }
+
+    /// Maps a manifest error seen while doing `context`.
+    pub(crate) fn from_fencing(e: FencingError, context: &str) -> Self {
+        match e {
+            FencingError::Fenced {
+                shard,
+                local_epoch,
+                stored_epoch,
+            } => Self::Fenced {
+                shard,
+                local_epoch,
+                stored_epoch,
+                context: context.into(),
+            },
+            FencingError::ClaimLost {
+                shard,
+                wanted_epoch,
+                stored_epoch,
+            } => Self::Fenced {
+                shard,
+                local_epoch: wanted_epoch,
+                stored_epoch,
+                context: format!("{context}: claim lost to a concurrent claimer"),
+            },
+            FencingError::Sealed { shard } => Self::Sealed {
+                shard,
+                context: context.into(),
+            },
+            e @ (FencingError::InvalidShardId { .. }
+            | FencingError::ShardNotFound { .. }
+            | FencingError::IdentityMismatch { .. }) => Self::invalid(format!("{context}: {e}")),
+            e @ (FencingError::EpochRegressed { .. } | FencingError::Corrupt { .. }) => {
+                Self::Corrupt {
+                    reason: format!("{context}: {e}"),
+                }
+            }
+            FencingError::Storage(s) => Self::from_store(s, context),
+            e @ FencingError::Contended { .. } => Self::storage(context, e),
+        }
+    }
+
+    /// Maps an object-store error seen while doing `context`.
+    pub(crate) fn from_store(e: StoreError, context: &str) -> Self {
+        match e {
+            e @ StoreError::OutcomeUnknown { .. } => Self::OutcomeUnknown {
+                reason: format!("{context}: {e}"),
+            },
+            e => Self::storage(context, e),
+        }
+    }
+
+    /// Maps a WAL error seen while doing `context`.
+    pub(crate) fn from_wal(e: WalError, context: &str) -> Self {
+        match e {
+            WalError::Fenced {
+                shard,
+                local_epoch,
+                stored_epoch,
+            } => Self::Fenced {
+                shard,
+                local_epoch,
+                stored_epoch,
+                context: context.into(),
+            },
+            WalError::Sealed { shard } => Self::Sealed {
+                shard,
+                context: context.into(),
+            },
+            e @ WalError::OutcomeUnknown { .. } => Self::OutcomeUnknown {
+                reason: format!("{context}: {e}"),
+            },
+            e @ (WalError::Corrupt { .. }
+            | WalError::Gap { .. }
+            | WalError::EpochConflict { .. }) => Self::Corrupt {
+                reason: format!("{context}: {e}"),
+            },
+            e @ WalError::InvalidInput { .. } => Self::invalid(format!("{context}: {e}")),
+            WalError::Closed => Self::closed(format!("{context}: WAL appender is closed")),
+            WalError::Fencing(f) => match Arc::try_unwrap(f) {
+                Ok(f) => Self::from_fencing(f, context),
+                Err(f) => Self::Storage {
+                    context: context.into(),
+                    source: f,
+                },
+            },
+            e @ (WalError::Storage(_) | WalError::Contended { .. }) => Self::storage(context, e),
+        }
+    }
+
+    /// Maps a memtable validation error (always the caller's input).
+    pub(crate) fn from_memtable(e: MemTableError) -> Self {
+        Self::invalid(e.to_string())
+    }
+
+    /// Maps a sharding error (a row of another shard, or an unusable spec).
+    pub(crate) fn from_sharding(e: ShardingError) -> Self {
+        Self::invalid(e.to_string())
+    }
+
+    /// Maps an SSTable error seen while doing `context`.
+    pub(crate) fn from_sstable(e: SsTableError, context: &str) -> Self {
+        match e {
+            e @ SsTableError::Corrupt { .. } => Self::Corrupt {
+                reason: format!("{context}: {e}"),
+            },
+            e => Self::storage(context, e),
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! `memwal`: the embedded shard writer of a MemWAL table (MEMWAL.md).
+//!
+//! A [`ShardWriter`] owns one shard of a Lance table at a time (epoch
+//! fencing through the shard manifest). Rows are acknowledged only once
+//! durable in the shard's write-ahead log, buffered in a memtable keyed by
+//! primary key (last write wins), frozen into generations and flushed as
+//! SSTables that are published strictly in generation order.
+//!
+//! Lifecycle: [`ShardWriter::open`] validates everything it can (config,
+//! base table schema, sharding spec, shard identity), then claims the
+//! shard, writes its fence sentinel and replays the WAL: each recorded
+//! generation is rebuilt as one memtable under its recorded number and
+//! published before `open` returns (so the writer starts with an empty
+//! memtable at the manifest's `current_generation`). Then
+//! [`ShardWriter::put`] / [`ShardWriter::delete`] (durable, group-committed),
+//! [`ShardWriter::flush`], [`ShardWriter::close`] or [`ShardWriter::abort`]
+//! (dropping = abort).
+//!
+//! Only durable writes are supported (there is no non-durable mode).
+//!
+//! Errors are one enum, [`Error`]: `Fenced`, `Sealed`, `InvalidInput`,
+//! `Backpressure`, `OutcomeUnknown`, `Storage`, `Corrupt`, `Closed`.
+//! Metrics names are in [`stats::names`]; tracing spans are `open`,
+//! `claim`, `replay`, `append`, `freeze`, `flush`, `publish`.
+
+#![warn(missing_docs)]
+
+mod backpressure;
+mod config;
+mod error;
+mod flush;
+mod freeze;
+mod open;
+mod put;
+pub mod stats;
+mod writer;
+
+pub use config::{ShardWriterConfig, ShardingConfig};
+pub use error::{Error, Result, Source};
+pub use memwal_fencing::{ShardId, ShardIdentity, ShardManifest};
+pub use memwal_store::{RetryPolicy, StoreLocation};
+pub use open::TableLocation;
+pub use put::PutHandle;
+pub use stats::WriterStats;
+pub use writer::ShardWriter;

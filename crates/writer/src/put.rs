@@ -1,0 +1,199 @@
+//! The write path: validate -> (backpressure) -> WAL submit + memtable
+//! insert under one lock -> wait until durable.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use memwal_memtable::batch_payload_bytes;
+use memwal_wal::{AppendTicket, WalError};
+use tracing::Instrument;
+
+use crate::stats::names;
+use crate::writer::{Inner, State};
+use crate::{Error, Result};
+
+/// Resolves to the WAL position once the write is durable (or to the
+/// error that made it fail). Dropping it does not cancel the write.
+///
+/// `Ok` means durable. [`Error::OutcomeUnknown`] means the rows may or may
+/// not be durable; any other error means they were not written. Any error
+/// here leaves the writer terminal (the WAL appender is poisoned).
+#[must_use = "a put is acknowledged only when its handle resolves"]
+pub struct PutHandle {
+    ticket: AppendTicket,
+    inner: Arc<Inner>,
+    rows: usize,
+    bytes: usize,
+    started: Instant,
+}
+
+impl std::fmt::Debug for PutHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PutHandle")
+            .field("rows", &self.rows)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for PutHandle {
+    type Output = Result<u64>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let out = match Pin::new(&mut self.ticket).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(r) => r,
+        };
+        Poll::Ready(match out {
+            Ok(ack) => {
+                let inner = &self.inner;
+                inner.puts.fetch_add(1, Ordering::Relaxed);
+                inner.rows.fetch_add(self.rows as u64, Ordering::Relaxed);
+                metrics::counter!(names::PUTS).increment(1);
+                metrics::counter!(names::ROWS).increment(self.rows as u64);
+                metrics::counter!(names::BYTES).increment(self.bytes as u64);
+                metrics::histogram!(names::PUT_SECONDS)
+                    .record(self.started.elapsed().as_secs_f64());
+                Ok(ack.position)
+            }
+            Err(e) => {
+                let mut st = self.inner.state.lock();
+                // Never written (queued when the writer stopped): report why
+                // it stopped rather than "closed".
+                let err = match (&e, &st.terminal) {
+                    (WalError::Closed, Some(t)) => t.clone(),
+                    _ => Error::from_wal(e, "WAL append"),
+                };
+                self.inner.fail_locked(&mut st, err.clone());
+                Err(err)
+            }
+        })
+    }
+}
+
+/// A user (or storage) batch in storage form, checked against the shard.
+pub(crate) fn validate_put(inner: &Inner, batch: &RecordBatch) -> Result<RecordBatch> {
+    inner.state.lock().check_usable()?;
+    let storage = inner
+        .schema
+        .to_storage(batch)
+        .map_err(Error::from_memtable)?;
+    check_shard(inner, &storage)?;
+    Ok(storage)
+}
+
+/// The tombstone batch for `keys`, checked against the shard (the sharding
+/// columns must be key columns for deletes to route; MEMWAL.md: every
+/// primary key maps to exactly one shard).
+pub(crate) fn validate_delete(inner: &Inner, keys: &RecordBatch) -> Result<RecordBatch> {
+    inner.state.lock().check_usable()?;
+    let storage = inner
+        .schema
+        .tombstone_batch(keys)
+        .map_err(Error::from_memtable)?;
+    check_shard(inner, &storage)?;
+    Ok(storage)
+}
+
+fn check_shard(inner: &Inner, storage: &RecordBatch) -> Result<()> {
+    if let Some((router, expected)) = &inner.router {
+        router
+            .check_batch(storage, expected)
+            .map_err(Error::from_sharding)?;
+    }
+    Ok(())
+}
+
+/// Waits for room (backpressure), then appends `storage` to the WAL and
+/// inserts it into the active memtable under the state lock.
+pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<PutHandle> {
+    let span = tracing::debug_span!("append", rows = storage.num_rows());
+    async {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + inner.config.backpressure_timeout;
+        let mut progress = inner.progress.subscribe();
+        let mut waited = false;
+        loop {
+            {
+                let mut st = inner.state.lock();
+                st.check_usable()?;
+                if st.unflushed_bytes() < inner.config.max_unflushed_bytes {
+                    let ticket = append_locked(inner, &mut st, &storage)?;
+                    inner.record_unflushed(&st);
+                    return Ok(PutHandle {
+                        ticket,
+                        inner: inner.clone(),
+                        rows: storage.num_rows(),
+                        bytes: batch_payload_bytes(&storage),
+                        started,
+                    });
+                }
+                // No room: make sure everything in memory is on its way out.
+                crate::freeze::freeze_locked(inner, &mut st, "backpressure")?;
+                progress.borrow_and_update();
+            }
+            if !waited {
+                waited = true;
+                crate::backpressure::note_wait(inner);
+            }
+            match tokio::time::timeout_at(deadline, progress.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) => return Err(Error::closed("the writer is gone")),
+                Err(_) => {
+                    metrics::counter!(names::BACKPRESSURE_TIMEOUTS).increment(1);
+                    return Err(crate::backpressure::error(inner));
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// WAL submit then memtable insert, in one critical section: the WAL
+/// order of submits is the memtable's insert order. A failure after the
+/// submit makes the writer terminal, so rows in the memtable that were
+/// never acknowledged can never be published.
+fn append_locked(
+    inner: &Arc<Inner>,
+    st: &mut State,
+    storage: &RecordBatch,
+) -> Result<AppendTicket> {
+    let Some(appender) = st.appender.as_ref() else {
+        return Err(st
+            .terminal
+            .clone()
+            .unwrap_or_else(|| Error::closed("no WAL appender")));
+    };
+    let ticket = match appender.submit(vec![storage.clone()]) {
+        Ok(t) => t,
+        Err(e) => {
+            let err = Error::from_wal(e, "WAL submit");
+            if err.is_terminal() {
+                inner.fail_locked(st, err.clone());
+            }
+            return Err(err);
+        }
+    };
+    if let Err(e) = st.active.insert(storage) {
+        let err = Error::Corrupt {
+            reason: format!("the memtable refused a batch already submitted to the WAL: {e}"),
+        };
+        inner.fail_locked(st, err.clone());
+        return Err(err);
+    }
+    if st.active_since.is_none() {
+        st.active_since = Some(Instant::now());
+    }
+    let full_bytes = st.active.memory_usage().total() >= inner.config.memtable_max_bytes;
+    let full_rows = st.active.num_rows() >= inner.config.memtable_max_rows;
+    if full_bytes || full_rows {
+        let reason = if full_bytes { "bytes" } else { "rows" };
+        crate::freeze::freeze_locked(inner, st, reason)?;
+    }
+    Ok(ticket)
+}

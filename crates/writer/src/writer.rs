@@ -1,0 +1,346 @@
+//! [`ShardWriter`]: the public handle, and the state its tasks share.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::RecordBatch;
+use memwal_fencing::{ShardId, ShardManifest};
+use memwal_memtable::{FrozenMemTable, MemTable, TableSchema};
+use memwal_sharding::ShardRouter;
+use memwal_wal::WalAppender;
+use parking_lot::Mutex;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::{AbortHandle, JoinHandle};
+
+use crate::config::ShardWriterConfig;
+use crate::flush::FlushCtx;
+use crate::open::TableLocation;
+use crate::put::PutHandle;
+use crate::stats::{names, WriterStats};
+use crate::{Error, Result};
+
+/// A frozen generation waiting to be published.
+pub(crate) struct Frozen {
+    pub generation: u64,
+    pub memtable: FrozenMemTable,
+    pub bytes: usize,
+    pub frozen_at: Instant,
+    pub job: AbortHandle,
+}
+
+/// Everything the put path and the background tasks change, behind one
+/// mutex: WAL submit and memtable insert happen under it, so rows enter
+/// the memtable in WAL order and a generation switch is a clean barrier.
+pub(crate) struct State {
+    /// `None` once closed, aborted or terminal.
+    pub appender: Option<WalAppender>,
+    pub active: MemTable,
+    /// Generation of `active`.
+    pub generation: u64,
+    /// When the first row of `active` arrived.
+    pub active_since: Option<Instant>,
+    /// Frozen, unpublished generations, ascending.
+    pub frozen: VecDeque<Frozen>,
+    /// Highest published generation.
+    pub published_generation: u64,
+    /// The error every call returns once set.
+    pub terminal: Option<Error>,
+    pub last_flush_error: Option<String>,
+    /// Feeds the flusher, in generation order.
+    pub jobs: Option<tokio::sync::mpsc::UnboundedSender<crate::flush::Job>>,
+}
+
+impl State {
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        match &self.terminal {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn unflushed_bytes(&self) -> usize {
+        self.active.memory_usage().total() + self.frozen.iter().map(|f| f.bytes).sum::<usize>()
+    }
+}
+
+/// What the writer's tasks share.
+pub(crate) struct Inner {
+    pub shard: ShardId,
+    pub epoch: u64,
+    pub sentinel: u64,
+    pub schema: Arc<TableSchema>,
+    pub router: Option<(ShardRouter, BTreeMap<String, Vec<u8>>)>,
+    pub config: ShardWriterConfig,
+    pub ctx: FlushCtx,
+    pub state: Mutex<State>,
+    /// Latest manifest this writer wrote (or claimed).
+    pub manifest: Mutex<ShardManifest>,
+    /// Bumped after every publish, flush failure and terminal transition.
+    pub progress: watch::Sender<u64>,
+    /// Set once: every background task stops.
+    pub shutdown: watch::Sender<bool>,
+    pub flush_permits: Arc<Semaphore>,
+    pub tasks: Mutex<Vec<JoinHandle<()>>>,
+    pub puts: AtomicU64,
+    pub rows: AtomicU64,
+    pub publishes: AtomicU64,
+    pub backpressure_waits: AtomicU64,
+}
+
+impl Inner {
+    pub(crate) fn bump_progress(&self) {
+        self.progress.send_modify(|v| *v += 1);
+    }
+
+    /// Makes the writer terminal with `err` (the first error wins): the
+    /// appender is dropped (nothing more is written or acknowledged through
+    /// it), background tasks are told to stop, waiters are woken.
+    pub(crate) fn fail_locked(&self, st: &mut State, err: Error) {
+        if st.terminal.is_none() {
+            if err.is_fenced() {
+                metrics::counter!(names::FENCED).increment(1);
+                tracing::warn!(shard = %self.shard, epoch = self.epoch, error = %err, "shard writer fenced");
+            } else if !matches!(err, Error::Closed { .. }) {
+                tracing::error!(shard = %self.shard, epoch = self.epoch, error = %err, "shard writer failed");
+            }
+            st.terminal = Some(err);
+        }
+        st.jobs = None;
+        drop(st.appender.take());
+        for f in &st.frozen {
+            f.job.abort();
+        }
+        self.shutdown.send_replace(true);
+        self.bump_progress();
+    }
+
+    /// [`Inner::fail_locked`] taking the lock.
+    pub(crate) fn fail(&self, err: Error) {
+        let mut st = self.state.lock();
+        self.fail_locked(&mut st, err);
+    }
+
+    pub(crate) fn is_stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    pub(crate) fn record_unflushed(&self, st: &State) {
+        metrics::gauge!(names::UNFLUSHED_BYTES).set(st.unflushed_bytes() as f64);
+    }
+
+    /// Stops every background task without waiting (abort / drop).
+    pub(crate) fn abort_tasks(&self) {
+        for t in self.tasks.lock().iter() {
+            t.abort();
+        }
+    }
+}
+
+/// The single writer of one shard of a MemWAL table.
+///
+/// Created by [`ShardWriter::open`] (claim -> fence sentinel -> replay ->
+/// WAL appender). Guarantees:
+///
+/// - `put`/`delete` return `Ok(position)` only once the rows are durable in
+///   the WAL entry at `position`; rows enter the memtable in WAL order, so
+///   replay after a crash picks the same winner per key (last write wins);
+/// - each memtable generation is one contiguous run of WAL positions; its
+///   SSTable is published with one manifest update that also moves the
+///   replay cursor past it, strictly in generation order;
+/// - fenced or sealed anywhere (WAL collision, manifest update, replay) =>
+///   terminal: every later call returns that error, background work stops,
+///   nothing acknowledged before is lost (it is in the WAL);
+/// - dropping the writer without [`ShardWriter::close`] is
+///   [`ShardWriter::abort`]: tasks stop, nothing more is written, unflushed
+///   rows stay in the WAL for the next writer to replay.
+///
+/// Background work runs as tokio tasks, each inside a tracing span that
+/// names it (tokio's own task names need `tokio_unstable`): `flusher`
+/// (publishes in order), one `flush` job per frozen generation (SSTable
+/// write), `age_ticker` (age trigger) and the WAL crate's `wal_appender`.
+/// Their `JoinHandle`s are kept; `close` joins them, `abort`/drop aborts them.
+pub struct ShardWriter {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ShardWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardWriter")
+            .field("shard", &self.inner.shard)
+            .field("epoch", &self.inner.epoch)
+            .finish()
+    }
+}
+
+impl ShardWriter {
+    /// Opens the writer of `shard` of the table at `table` (a URI such as
+    /// `memory://name`, a local path, `s3://...`, or a [`memwal_store::StoreLocation`]).
+    ///
+    /// Everything that can be checked without side effects is checked
+    /// first (config, base table schema and primary key, sharding spec,
+    /// existing shard identity), so an open that is bound to fail never
+    /// fences a healthy writer. Then: claim (epoch + 1), fence sentinel,
+    /// replay of the WAL above the replay cursor (every recorded generation
+    /// rebuilt whole and published, see the crate docs), and the WAL
+    /// appender starts right after the sentinel.
+    pub async fn open(
+        table: impl Into<TableLocation>,
+        shard: ShardId,
+        config: ShardWriterConfig,
+    ) -> Result<Self> {
+        crate::open::open(table.into(), shard, config).await
+    }
+
+    /// The shard.
+    pub fn shard(&self) -> ShardId {
+        self.inner.shard
+    }
+
+    /// The epoch (fencing token) this writer holds.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    /// The table schema rows are validated against.
+    pub fn schema(&self) -> &Arc<TableSchema> {
+        &self.inner.schema
+    }
+
+    /// The latest manifest this writer claimed or wrote (its view; another
+    /// writer may have moved on since).
+    pub fn manifest(&self) -> ShardManifest {
+        self.inner.manifest.lock().clone()
+    }
+
+    /// Writes `batch` (the table's columns, or a storage batch with
+    /// `_tombstone`) and waits until it is durable; returns its WAL position.
+    /// [`Error::InvalidInput`] (writer still usable) for a batch that does
+    /// not match the schema, has a null key or holds a row of another
+    /// shard; [`Error::Backpressure`] when no room was made in time.
+    pub async fn put(&self, batch: &RecordBatch) -> Result<u64> {
+        self.put_nowait(batch).await?.await
+    }
+
+    /// Deletes the keys in `keys` (a batch holding the key columns by name)
+    /// and waits until the tombstones are durable; returns the WAL position.
+    pub async fn delete(&self, keys: &RecordBatch) -> Result<u64> {
+        self.delete_nowait(keys).await?.await
+    }
+
+    /// Like [`ShardWriter::put`], but returns once the rows have their
+    /// place in the WAL order (and are in the memtable), with a handle that
+    /// resolves to the position once durable. Waits only for backpressure.
+    /// Dropping the handle does not cancel the write.
+    pub async fn put_nowait(&self, batch: &RecordBatch) -> Result<PutHandle> {
+        let storage = crate::put::validate_put(&self.inner, batch)?;
+        crate::put::submit(&self.inner, storage).await
+    }
+
+    /// Like [`ShardWriter::delete`], returning a [`PutHandle`].
+    pub async fn delete_nowait(&self, keys: &RecordBatch) -> Result<PutHandle> {
+        let storage = crate::put::validate_delete(&self.inner, keys)?;
+        crate::put::submit(&self.inner, storage).await
+    }
+
+    /// Every physical row not yet published (frozen generations oldest
+    /// first, then the active memtable), in WAL order, storage schema
+    /// (tombstones and overwritten rows included): applying them in order
+    /// over the published SSTables gives the writer's current view.
+    pub fn unflushed_batches(&self) -> Result<Vec<RecordBatch>> {
+        let st = self.inner.state.lock();
+        st.check_usable()?;
+        let mut out: Vec<RecordBatch> = Vec::new();
+        for f in &st.frozen {
+            out.extend(f.memtable.batches().iter().cloned());
+        }
+        out.extend(st.active.batches().iter().cloned());
+        Ok(out)
+    }
+
+    /// Freezes the active memtable (if it holds rows) and waits until it
+    /// and every earlier generation are published. Returns the terminal
+    /// error if the writer fails meanwhile.
+    pub async fn flush(&self) -> Result<()> {
+        crate::freeze::flush_all(&self.inner).await
+    }
+
+    /// Flushes and publishes everything acknowledged before the call, stops
+    /// the background tasks and closes the WAL appender (appends racing the
+    /// close are drained: if acknowledged they are durable in the WAL and
+    /// the next writer replays them). Later calls return [`Error::Closed`].
+    /// If the flush fails the writer stops anyway and that error is
+    /// returned (the rows stay in the WAL).
+    pub async fn close(&self) -> Result<()> {
+        let flushed = self.flush().await;
+        let appender = {
+            let mut st = self.inner.state.lock();
+            st.appender.take()
+        };
+        let appender_closed = match appender {
+            Some(a) => a
+                .close()
+                .await
+                .map_err(|e| Error::from_wal(e, "closing the WAL appender")),
+            None => Ok(()),
+        };
+        self.inner.fail(Error::closed("the writer was closed"));
+        let tasks: Vec<_> = std::mem::take(&mut *self.inner.tasks.lock());
+        for t in tasks {
+            let _ = t.await;
+        }
+        flushed.and(appender_closed)
+    }
+
+    /// Stops without flushing: background tasks are aborted and no new
+    /// request is started (a request already in flight may still land),
+    /// unflushed rows stay in the WAL (the next writer replays them).
+    /// Pending puts fail ([`Error::OutcomeUnknown`] if their entry was in
+    /// flight). Later calls return [`Error::Closed`].
+    pub fn abort(&self) {
+        self.inner.fail(Error::closed("the writer was aborted"));
+        self.inner.abort_tasks();
+    }
+
+    /// A snapshot of the writer's state.
+    pub fn stats(&self) -> WriterStats {
+        let inner = &self.inner;
+        let st = inner.state.lock();
+        WriterStats {
+            epoch: inner.epoch,
+            generation: st.generation,
+            published_generation: st.published_generation,
+            active_rows: st.active.num_rows(),
+            active_bytes: st.active.memory_usage().total(),
+            unpublished: st
+                .frozen
+                .iter()
+                .map(|f| (f.generation, f.memtable.num_rows()))
+                .collect(),
+            unflushed_bytes: st.unflushed_bytes(),
+            last_durable_position: st
+                .appender
+                .as_ref()
+                .map_or(0, |a| a.last_durable_position()),
+            sentinel_position: inner.sentinel,
+            puts: inner.puts.load(Ordering::Relaxed),
+            rows: inner.rows.load(Ordering::Relaxed),
+            publishes: inner.publishes.load(Ordering::Relaxed),
+            backpressure_waits: inner.backpressure_waits.load(Ordering::Relaxed),
+            last_flush_error: st.last_flush_error.clone(),
+            terminal: st.terminal.as_ref().map(|e| e.to_string()),
+        }
+    }
+}
+
+impl Drop for ShardWriter {
+    /// Dropping without [`ShardWriter::close`] aborts (see [`ShardWriter::abort`]).
+    fn drop(&mut self) {
+        let open = self.inner.state.lock().terminal.is_none();
+        if open {
+            tracing::debug!(shard = %self.inner.shard, "shard writer dropped without close: aborting");
+        }
+        self.abort();
+    }
+}

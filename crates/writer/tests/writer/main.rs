@@ -1,0 +1,12 @@
+//! Integration tests of the shard writer (one binary: linking lance is slow).
+
+mod backpressure;
+mod basics;
+mod concurrency;
+mod crash;
+mod fencing;
+mod input;
+mod lifecycle;
+mod ordering;
+mod replay;
+mod support;
