@@ -89,17 +89,26 @@ impl ManifestStore {
 
     /// The latest manifest, or `None` when the shard has none.
     pub async fn load_latest(&self) -> FencingResult<Option<ShardManifest>> {
-        let version = self.latest_version().await?;
-        if version == 0 {
-            return Ok(None);
+        let mut version = self.latest_version().await?;
+        for rediscovered in [false, true] {
+            if version == 0 {
+                return Ok(None);
+            }
+            if let Some(m) = self.load_version(version).await? {
+                return Ok(Some(m));
+            }
+            if rediscovered {
+                break;
+            }
+            // The version we knew of is gone (a pruned prefix reached it):
+            // forget it and search again from scratch.
+            self.known_version.store(0, Ordering::SeqCst);
+            version = self.latest_version().await?;
         }
-        match self.load_version(version).await? {
-            Some(m) => Ok(Some(m)),
-            None => Err(FencingError::Corrupt {
-                path: self.layout.manifest_path(version).to_string(),
-                reason: "version was found by probing but is missing on read (deleted?)".into(),
-            }),
-        }
+        Err(FencingError::Corrupt {
+            path: self.layout.manifest_path(version).to_string(),
+            reason: "version was found by probing but is missing on read (deleted?)".into(),
+        })
     }
 
     /// Manifest `version`, or `None` when it does not exist.
@@ -159,6 +168,11 @@ impl ManifestStore {
         let mut step = 1u64;
         loop {
             let v = lo.saturating_add(step);
+            if v == lo {
+                // Only a stray object named u64::MAX gets here; nothing
+                // can follow it.
+                return Ok(v);
+            }
             if self.exists(v).await? {
                 lo = v;
                 step = step.saturating_mul(2);

@@ -1,7 +1,8 @@
 //! The claim protocol: create, claim, check, update, seal, unseal.
 
+use bytes::Bytes;
 use memwal_proto::{ShardManifest, ShardStatus};
-use memwal_store::CreateOutcome;
+use memwal_store::{read_object, CreateOutcome};
 use tracing::Instrument;
 
 use crate::{codec, FencingError, FencingResult, ManifestStore, ShardIdentity};
@@ -21,6 +22,18 @@ impl ManifestStore {
     /// Creating twice is harmless; a different identity is
     /// [`FencingError::IdentityMismatch`].
     pub async fn initialize_shard(&self, identity: &ShardIdentity) -> FencingResult<ShardManifest> {
+        // A shard whose early versions were pruned must not get a second
+        // version 1: look for any version first (probing, then LIST).
+        if self.latest_version().await? > 1 {
+            let latest = self
+                .load_latest()
+                .await?
+                .ok_or(FencingError::ShardNotFound {
+                    shard: self.shard(),
+                })?;
+            self.check_identity(&latest, identity)?;
+            return Ok(latest);
+        }
         let first = ShardManifest {
             shard_id: Some(self.shard().to_proto()),
             version: 1,
@@ -57,7 +70,9 @@ impl ManifestStore {
     /// ([`FencingError::Sealed`]). When another claimer already reached our
     /// epoch the claim is [`FencingError::ClaimLost`] (no retry at a higher
     /// epoch: no epoch war). A claim whose write outcome is unknown is never
-    /// assumed won: it is made again above whatever landed.
+    /// assumed won: the slot is read back and the claim token decides (ours
+    /// landed and no one claimed since: won; someone else's: lost; still
+    /// empty: claim again).
     pub async fn claim(&self, create_with: Option<&ShardIdentity>) -> FencingResult<Claim> {
         let span = tracing::info_span!("claim", shard = %self.shard());
         async {
@@ -83,6 +98,9 @@ impl ManifestStore {
     }
 
     async fn claim_inner(&self, create_with: Option<&ShardIdentity>) -> FencingResult<Claim> {
+        // Claims whose PUT outcome is unknown: (version, bytes, epoch). They
+        // may have landed (or may still land); their token tells.
+        let mut pending: Vec<(u64, Bytes, u64)> = Vec::new();
         for _ in 0..self.max_races() {
             let base = match self.load_latest().await? {
                 Some(m) => m,
@@ -101,6 +119,9 @@ impl ManifestStore {
             if let Some(identity) = create_with {
                 self.check_identity(&base, identity)?;
             }
+            if let Some(outcome) = self.settle_pending(&mut pending, &base).await? {
+                return outcome;
+            }
             if base.status == ShardStatus::Sealed as i32 {
                 return Err(FencingError::Sealed {
                     shard: self.shard(),
@@ -111,7 +132,7 @@ impl ManifestStore {
             next.version = base.version + 1;
             next.writer_epoch = wanted;
             let bytes = codec::encode_with_claim_token(&next, rand::random());
-            match self.write_version(next.version, bytes).await {
+            match self.write_version(next.version, bytes.clone()).await {
                 // The token makes our bytes unique: Identical is our own write.
                 Ok(CreateOutcome::Created | CreateOutcome::Identical) => {
                     return Ok(Claim {
@@ -119,9 +140,22 @@ impl ManifestStore {
                         manifest: next,
                     })
                 }
-                Ok(CreateOutcome::Conflict(bytes)) => {
+                Ok(CreateOutcome::Conflict(found)) => {
+                    if pending
+                        .iter()
+                        .any(|(v, b, _)| *v == next.version && *b == found)
+                    {
+                        // An earlier attempt of ours landed there: settle it
+                        // in the next round, against the latest version.
+                        continue;
+                    }
                     let path = self.layout().manifest_path(next.version);
-                    let stored = codec::decode(path.as_ref(), &bytes, next.version, self.shard())?;
+                    let stored = codec::decode(path.as_ref(), &found, next.version, self.shard())?;
+                    if stored.status == ShardStatus::Sealed as i32 {
+                        return Err(FencingError::Sealed {
+                            shard: self.shard(),
+                        });
+                    }
                     if stored.writer_epoch >= wanted {
                         return Err(FencingError::ClaimLost {
                             shard: self.shard(),
@@ -132,8 +166,15 @@ impl ManifestStore {
                     // A non-claim update (e.g. a publish) won the slot: retry on it.
                 }
                 Err(e) if e.is_outcome_unknown() => {
-                    // Fail closed: whatever landed, claim again above it.
-                    tracing::warn!(error = %e, "claim outcome unknown; claiming again");
+                    // Never assume the win: the next round reads the slot
+                    // back and settles it by our token.
+                    tracing::warn!(error = %e, "claim outcome unknown; checking the slot next round");
+                    pending.push((next.version, bytes, wanted));
+                    if pending.len() >= 3 {
+                        // The store keeps failing: report it; the claim did
+                        // not provably happen and must not be assumed.
+                        return Err(e);
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -142,6 +183,73 @@ impl ManifestStore {
             shard: self.shard(),
             attempts: self.max_races(),
         })
+    }
+
+    /// Settles claims whose outcome was unknown, now that `latest` is
+    /// known: one of ours that landed is a win if no one claimed since
+    /// (else a loss, or Sealed); a slot another claimer took at our epoch is
+    /// a loss; slots taken by a lower-epoch update are forgotten;
+    /// slots still empty stay pending (the PUT may yet land). `None`: no
+    /// decision, claim on.
+    async fn settle_pending(
+        &self,
+        pending: &mut Vec<(u64, Bytes, u64)>,
+        latest: &ShardManifest,
+    ) -> FencingResult<Option<FencingResult<Claim>>> {
+        let mut still = Vec::new();
+        for (version, bytes, wanted) in pending.drain(..) {
+            if version > latest.version {
+                still.push((version, bytes, wanted));
+                continue;
+            }
+            let path = self.layout().manifest_path(version);
+            let Some(found) = read_object(self.store().as_ref(), &path, self.retry()).await? else {
+                continue;
+            };
+            if found != bytes {
+                // Someone else took the slot we raced for: if they claimed
+                // our epoch (or sealed), we lost; no claiming above them.
+                let theirs = codec::decode(path.as_ref(), &found, version, self.shard())?;
+                if theirs.status == ShardStatus::Sealed as i32 {
+                    return Ok(Some(Err(FencingError::Sealed {
+                        shard: self.shard(),
+                    })));
+                }
+                if theirs.writer_epoch >= wanted {
+                    return Ok(Some(Err(FencingError::ClaimLost {
+                        shard: self.shard(),
+                        wanted_epoch: wanted,
+                        stored_epoch: theirs.writer_epoch,
+                    })));
+                }
+                continue;
+            }
+            let ours = codec::decode(path.as_ref(), &bytes, version, self.shard())?;
+            let outcome = if latest.status == ShardStatus::Sealed as i32 {
+                Err(FencingError::Sealed {
+                    shard: self.shard(),
+                })
+            } else if latest.writer_epoch == wanted {
+                // Nobody claimed after us; only we write with our epoch.
+                Ok(Claim {
+                    epoch: wanted,
+                    manifest: if latest.version == version {
+                        ours
+                    } else {
+                        latest.clone()
+                    },
+                })
+            } else {
+                Err(FencingError::ClaimLost {
+                    shard: self.shard(),
+                    wanted_epoch: wanted,
+                    stored_epoch: latest.writer_epoch,
+                })
+            };
+            return Ok(Some(outcome));
+        }
+        *pending = still;
+        Ok(None)
     }
 
     /// The latest manifest, provided `epoch` still owns the shard:
@@ -165,7 +273,9 @@ impl ManifestStore {
     /// and writes it with put-if-not-exists; a lost race re-runs the round
     /// on the new version, so `change` must be idempotent with respect to
     /// what it finds. `change` cannot alter the fields it does not own:
-    /// shard id, identity, epoch, version and status are kept from the base.
+    /// shard id, identity, epoch, version and status are kept from the base,
+    /// and the replay cursor, `current_generation` and the WAL hint never
+    /// move backwards.
     pub async fn update<F>(&self, epoch: u64, mut change: F) -> FencingResult<ShardManifest>
     where
         F: FnMut(&mut ShardManifest) -> FencingResult<()>,
@@ -174,6 +284,15 @@ impl ManifestStore {
             let base = self.check_fenced(epoch).await?;
             let mut next = base.clone();
             change(&mut next)?;
+            // The replay cursor, the generation counter and the WAL hint
+            // only move forward, whatever the change asked for.
+            next.replay_after_wal_entry_position = next
+                .replay_after_wal_entry_position
+                .max(base.replay_after_wal_entry_position);
+            next.current_generation = next.current_generation.max(base.current_generation);
+            next.wal_entry_position_last_seen = next
+                .wal_entry_position_last_seen
+                .max(base.wal_entry_position_last_seen);
             next.shard_id = base.shard_id.clone();
             next.shard_spec_id = base.shard_spec_id;
             next.shard_field_entries = base.shard_field_entries.clone();
@@ -196,8 +315,11 @@ impl ManifestStore {
         })
     }
 
-    /// Marks the shard SEALED and fences its live writer (the epoch is
-    /// bumped in the same version). Sealing a sealed shard returns it as is.
+    /// Marks the shard SEALED and bumps the epoch in the same version, so
+    /// the live writer fails its next manifest check or publish. Its WAL
+    /// appends only stop once a fence sentinel is at the WAL tip: a drop
+    /// should use `memwal_wal::seal_and_fence`, which does both. Sealing a
+    /// sealed shard returns it as is.
     pub async fn seal(&self) -> FencingResult<ShardManifest> {
         self.set_status(ShardStatus::Sealed).await
     }

@@ -397,8 +397,8 @@ async fn own_landed_update_is_recognised_after_a_lost_response() {
 }
 
 // Breaks if a claim whose response was lost is either assumed won without
-// proof or turned into a spurious loss: the claimer must end up holding the
-// newest epoch, and exactly one version may carry each epoch.
+// proof, turned into a spurious loss, or "settled" by claiming again above
+// its own landed write (an epoch war with itself).
 #[tokio::test]
 async fn claim_with_lost_response_is_proven_or_redone_never_assumed() {
     for (name, store, _dir) in backends() {
@@ -426,8 +426,7 @@ async fn claim_with_lost_response_is_proven_or_redone_never_assumed() {
             .await
             .unwrap();
 
-        // Retries exhausted after the PUT landed: the outcome is unknown, so
-        // the claimer claims again above whatever landed.
+        // Retries exhausted after the PUT landed: the outcome is unknown.
         let shard = ShardId::random();
         manifests(store.clone(), shard)
             .initialize_shard(&identity())
@@ -448,14 +447,15 @@ async fn claim_with_lost_response_is_proven_or_redone_never_assumed() {
                 Action::Pass
             }
         });
+        // The slot is read back: our token is there and no one claimed
+        // since, so the claim is proven without bumping the epoch again.
         let c = m.claim(None).await.unwrap();
         assert_eq!(
             (c.epoch, c.manifest.version),
-            (2, 3),
-            "{name}: reclaimed above the landed write"
+            (1, 2),
+            "{name}: proven by its token"
         );
-        let v2 = m.load_version(2).await.unwrap().unwrap();
-        assert_eq!(v2.writer_epoch, 1);
+        assert_eq!(m.latest_version().await.unwrap(), 2, "{name}: no epoch war");
     }
 }
 
@@ -557,4 +557,125 @@ async fn seal_fences_and_refuses_claims_until_unsealed() {
             Err(FencingError::Fenced { .. })
         ));
     }
+}
+
+// Breaks if a shard whose first versions were pruned can be created again
+// (a second version 1 would give a second writer its own epoch 1), or if an
+// instance that cached a pruned version stays stuck on it.
+#[tokio::test]
+async fn a_pruned_prefix_is_neither_recreated_nor_a_dead_end() {
+    let (_, store, _dir) = backends().remove(0);
+    let shard = ShardId::random();
+    let owner = manifests(store.clone(), shard);
+    let c = owner.claim(Some(&identity())).await.unwrap();
+    for _ in 0..4 {
+        owner.update(c.epoch, |_| Ok(())).await.unwrap();
+    }
+    let cached = manifests(store.clone(), shard);
+    assert_eq!(cached.latest_version().await.unwrap(), 6);
+    for v in 1..=5 {
+        store
+            .delete(&owner.layout().manifest_path(v))
+            .await
+            .unwrap();
+    }
+    store
+        .delete(&owner.layout().version_hint_path())
+        .await
+        .unwrap();
+    let other = manifests(store.clone(), shard);
+    let found = other.initialize_shard(&identity()).await.unwrap();
+    assert_eq!(found.version, 6);
+    assert!(
+        other.load_version(1).await.unwrap().is_none(),
+        "version 1 recreated"
+    );
+    // Version 6 is still the latest for an instance that knew of it.
+    owner.update(c.epoch, |_| Ok(())).await.unwrap();
+    assert_eq!(cached.load_latest().await.unwrap().unwrap().version, 7);
+}
+
+// Breaks if a claim that collides with a seal reports a lost claim instead
+// of the reason it can never win: the shard is sealed.
+#[tokio::test]
+async fn a_claim_colliding_with_a_seal_is_sealed() {
+    let (_, store, _dir) = backends().remove(0);
+    let shard = ShardId::random();
+    manifests(store.clone(), shard)
+        .claim(Some(&identity()))
+        .await
+        .unwrap();
+    let faulty = FaultStore::new(store.clone());
+    let m = Arc::new(manifests(faulty.clone(), shard));
+    let gate = Gate::new();
+    let path = m.layout().manifest_path(3).to_string();
+    let g = gate.clone();
+    let fired = Arc::new(AtomicUsize::new(0));
+    faulty.set_hook(move |op| {
+        if op.kind == OpKind::Put && op.path == path && fired.fetch_add(1, Ordering::SeqCst) == 0 {
+            Action::Hold(g.clone(), Box::new(Action::Pass))
+        } else {
+            Action::Pass
+        }
+    });
+    let claim = tokio::spawn({
+        let m = m.clone();
+        async move { m.claim(None).await }
+    });
+    gate.wait_arrived(1).await;
+    manifests(store.clone(), shard).seal().await.unwrap();
+    gate.open();
+    assert!(matches!(
+        claim.await.unwrap(),
+        Err(FencingError::Sealed { .. })
+    ));
+}
+
+// Breaks if a claimer whose PUT outcome is unknown claims again above a
+// peer that took the slot meanwhile (an epoch war that fences the real
+// winner): it must report ClaimLost.
+#[tokio::test]
+async fn unknown_outcome_claim_does_not_fence_the_real_winner() {
+    let (_, store, _dir) = backends().remove(0);
+    let shard = ShardId::random();
+    manifests(store.clone(), shard)
+        .initialize_shard(&identity())
+        .await
+        .unwrap();
+    let faulty = FaultStore::new(store.clone());
+    let m = Arc::new(manifests(faulty.clone(), shard));
+    let gate = Gate::new();
+    let v2 = m.layout().manifest_path(2).to_string();
+    let g = gate.clone();
+    let fired = Arc::new(AtomicUsize::new(0));
+    faulty.set_hook(move |op| {
+        if op.kind == OpKind::Put && op.path == v2 {
+            if fired.fetch_add(1, Ordering::SeqCst) == 0 {
+                Action::Hold(g.clone(), Box::new(Action::Fail))
+            } else {
+                Action::Fail
+            }
+        } else {
+            Action::Pass
+        }
+    });
+    let ours = tokio::spawn({
+        let m = m.clone();
+        async move { m.claim(None).await }
+    });
+    gate.wait_arrived(1).await;
+    let peer = manifests(store.clone(), shard).claim(None).await.unwrap();
+    gate.open();
+    match ours.await.unwrap() {
+        Err(FencingError::ClaimLost {
+            wanted_epoch: 1,
+            stored_epoch: 1,
+            ..
+        }) => {}
+        other => panic!("expected ClaimLost, got {other:?}"),
+    }
+    manifests(store.clone(), shard)
+        .check_fenced(peer.epoch)
+        .await
+        .unwrap();
 }

@@ -223,4 +223,31 @@ mod tests {
             0i32.to_le_bytes().to_vec()
         );
     }
+
+    // Breaks if columns are read by position alone: a batch whose columns
+    // are reordered would hash the wrong column and route rows silently.
+    #[test]
+    fn reordered_columns_are_refused() {
+        let schema = Schema::new(vec![
+            Field::new("c", DataType::Int32, false),
+            Field::new("d", DataType::Int32, false),
+        ]);
+        let router = ShardRouter::new(&bucket_spec(0, "8"), &schema).unwrap();
+        let swapped = Schema::new(vec![
+            Field::new("d", DataType::Int32, false),
+            Field::new("c", DataType::Int32, false),
+        ]);
+        let batch = RecordBatch::try_new(
+            Arc::new(swapped),
+            vec![
+                Arc::new(Int32Array::from(vec![1])),
+                Arc::new(Int32Array::from(vec![2])),
+            ],
+        )
+        .unwrap();
+        assert!(matches!(
+            router.row_values(&batch, 0),
+            Err(ShardingError::MissingColumn { .. })
+        ));
+    }
 }

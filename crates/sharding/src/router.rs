@@ -114,13 +114,16 @@ impl ShardRouter {
         batch: &RecordBatch,
         row: usize,
     ) -> Result<Vec<u8>, ShardingError> {
+        // Columns are taken by position, so check the name there too: a
+        // batch with reordered columns must not hash the wrong one.
         let column = |idx: usize| {
-            batch
-                .columns()
-                .get(idx)
-                .ok_or_else(|| ShardingError::MissingColumn {
-                    column: self.column_names[idx].clone(),
-                })
+            let name = &self.column_names[idx];
+            match batch.schema().fields().get(idx) {
+                Some(f) if f.name() == name => Ok(batch.column(idx)),
+                _ => Err(ShardingError::MissingColumn {
+                    column: name.clone(),
+                }),
+            }
         };
         match &f.transform {
             Transform::Unsharded => Ok(0i32.to_le_bytes().to_vec()),

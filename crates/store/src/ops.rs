@@ -59,22 +59,29 @@ pub async fn create_object(
                     }
                     Err(e) => return Err(e),
                 };
-                return match existing {
-                    Some(existing) if existing == bytes => Ok(CreateOutcome::Identical),
-                    Some(existing) => Ok(CreateOutcome::Conflict(existing)),
-                    // Existed a moment ago, gone now: only a deletion by
-                    // someone else explains it. Report it rather than retry
-                    // into a slot another process is managing.
-                    None => Err(StoreError::Request {
-                        op: "put",
+                match existing {
+                    Some(existing) if existing == bytes => return Ok(CreateOutcome::Identical),
+                    Some(existing) => return Ok(CreateOutcome::Conflict(existing)),
+                    // Reported as existing, yet missing on read: an earlier
+                    // attempt of ours may still be landing (S3 answers a
+                    // conditional PUT racing an in-flight one with a
+                    // conflict), or someone deleted it. Either way the slot
+                    // decides nothing yet: send the same bytes again.
+                    None if attempt < attempts => {
+                        tracing::debug!(%path, attempt, "collided object vanished; retrying");
+                        retry.backoff(attempt).await;
+                    }
+                    None => return Err(StoreError::OutcomeUnknown {
                         path: path.to_string(),
+                        attempts: attempt,
                         source: object_store::Error::Generic {
                             store: "memwal",
-                            source: "object reported as existing vanished before it could be read"
-                                .into(),
+                            source:
+                                "object reported as existing kept vanishing before it could be read"
+                                    .into(),
                         },
                     }),
-                };
+                }
             }
             Err(e) if is_transient(&e) => {
                 if attempt >= attempts {

@@ -337,6 +337,17 @@ impl WalAppender {
         if let Some(join) = task.take() {
             if let Err(e) = join.await {
                 tracing::error!(shard = %self.shard(), error = %e, "WAL appender task failed");
+                // A task that died mid-way leaves the next entry's fate open.
+                let position = self.last_durable_position() + 1;
+                let mut q = self.handle.shared.queue.lock();
+                if q.poison.is_none() {
+                    q.poison = Some(WalError::OutcomeUnknown {
+                        shard: self.shard(),
+                        position,
+                        path: String::new(),
+                        reason: format!("the WAL appender task failed: {e}"),
+                    });
+                }
             }
         }
         match &self.handle.shared.queue.lock().poison {

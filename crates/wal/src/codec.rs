@@ -106,7 +106,7 @@ pub fn encode_entry(
 
 /// Encodes a fence sentinel in upstream's shape: an empty-schema IPC stream
 /// with no batches and metadata `writer_epoch` and `fence_sentinel = "true"`.
-/// A retry must resend the bytes returned here (metadata order is not fixed).
+/// Equal epochs give equal bytes (arrow writes metadata keys sorted).
 pub fn encode_sentinel(epoch: u64) -> Bytes {
     let metadata = HashMap::from([
         (WRITER_EPOCH_KEY.to_string(), epoch.to_string()),
@@ -147,8 +147,17 @@ fn write_stream(schema: &Schema, batches: &[RecordBatch], capacity: usize) -> Wa
 /// upstream's entry-level `mem_wal_*` keys). Rejects: anything that is not
 /// one complete IPC stream ending in the end-of-stream marker (truncation,
 /// trailing or garbled bytes), a missing or non-decimal `writer_epoch`, a
-/// non-decimal `generation`, and a sentinel that carries rows.
+/// non-decimal `generation`, and a sentinel that carries rows. Never panics:
+/// arrow's IPC reader panics on some malformed inputs, which are reported
+/// as undecodable here.
 pub fn decode_entry(bytes: &Bytes) -> Result<WalEntry, String> {
+    match catch_unwind(AssertUnwindSafe(|| decode_unguarded(bytes))) {
+        Ok(result) => result,
+        Err(_) => Err("malformed Arrow IPC stream (the decoder panicked)".into()),
+    }
+}
+
+fn decode_unguarded(bytes: &Bytes) -> Result<WalEntry, String> {
     let mut decoder = StreamDecoder::new();
     let mut buf = Buffer::from(bytes.clone());
     let mut raw_batches = Vec::new();
@@ -384,5 +393,34 @@ mod tests {
             encode_entry(1, Some(1), &[empty]),
             Err(WalError::InvalidInput { .. })
         ));
+    }
+
+    // Breaks if a garbled object can panic the decoder (replay, the
+    // appender's collision check and the sentinel writer all decode what
+    // they find in the store): arrow's IPC reader panics on some mutations.
+    #[test]
+    fn mutated_entries_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let good = encode_entry(3, Some(2), &[batch(&[1, 2, 3]), batch(&[4])]).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let mut escaped = 0;
+        for _ in 0..3000 {
+            let mut b = good.to_vec();
+            for _ in 0..rng.random_range(1..4) {
+                let i = rng.random_range(0..b.len());
+                b[i] = rng.random();
+            }
+            let bytes = Bytes::from(b);
+            if std::panic::catch_unwind(|| decode_entry(&bytes)).is_err() {
+                escaped += 1;
+            }
+        }
+        std::panic::set_hook(previous);
+        assert_eq!(
+            escaped, 0,
+            "decode_entry panicked on {escaped} mutated entries"
+        );
     }
 }

@@ -15,7 +15,11 @@
 //!   sentinel, with gaps and newer epochs as typed errors.
 //!
 //! A writer's recovery is: `ManifestStore::claim` -> [`write_fence_sentinel`]
-//! -> [`replay`] -> [`WalAppender::start`] at sentinel + 1.
+//! -> [`replay`] (rebuild and publish every replayed generation) ->
+//! [`WalAppender::start`] at sentinel + 1 with a generation above every
+//! replayed one: a lower one would put newer rows in an older generation
+//! and make the next replay fail with a generation going backwards.
+//! A drop uses [`seal_and_fence`], not `ManifestStore::seal` alone.
 
 #![warn(missing_docs)]
 

@@ -45,7 +45,7 @@ pub async fn write_fence_sentinel(
     let span = tracing::info_span!("wal_fence_sentinel", shard = %loc.shard(), epoch);
     async {
         let bytes = encode_sentinel(epoch);
-        let mut position = find_tail_for(&loc, claimed).await? + 1;
+        let mut position = next_position(&loc, find_tail_for(&loc, claimed).await?)?;
         let mut collisions = 0;
         loop {
             let path = loc.path(position);
@@ -88,7 +88,7 @@ pub async fn write_fence_sentinel(
                         found_epoch = entry.epoch,
                         "sentinel slot taken; moving past it"
                     );
-                    position = probe_up(&loc, position).await? + 1;
+                    position = next_position(&loc, probe_up(&loc, position).await?)?;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -96,6 +96,17 @@ pub async fn write_fence_sentinel(
     }
     .instrument(span)
     .await
+}
+
+/// The position after `tail`; an object at position `u64::MAX` (only a
+/// stray or corrupt one can be there) is reported, not overflowed.
+fn next_position(loc: &WalLocation, tail: u64) -> WalResult<u64> {
+    tail.checked_add(1).ok_or_else(|| WalError::Corrupt {
+        shard: loc.shard(),
+        position: tail,
+        path: loc.path(tail).to_string(),
+        reason: "an object sits at the last possible WAL position".into(),
+    })
 }
 
 /// Seals the shard for a drop and fences its WAL: [`ManifestStore::seal`]
