@@ -354,14 +354,17 @@ async fn update_keeps_fields_it_does_not_own() {
     assert_eq!(m.load_latest().await.unwrap().unwrap(), out);
 }
 
-/// Lands every PUT to `path`'s first attempt, then reports a timeout.
-fn land_then_timeout_once(faulty: &Arc<FaultStore>, path: String) {
+/// Decides the PUTs to `path`: the first gets `first`, later ones `rest`;
+/// every other request passes.
+fn on_puts_to(faulty: &Arc<FaultStore>, path: String, first: Action, rest: Action) {
     let fired = Arc::new(AtomicUsize::new(0));
     faulty.set_hook(move |op| {
-        if op.kind == OpKind::Put && op.path == path && fired.fetch_add(1, Ordering::SeqCst) == 0 {
-            Action::LandThenFail
-        } else {
+        if op.kind != OpKind::Put || op.path != path {
             Action::Pass
+        } else if fired.fetch_add(1, Ordering::SeqCst) == 0 {
+            first.clone()
+        } else {
+            rest.clone()
         }
     });
 }
@@ -376,7 +379,12 @@ async fn own_landed_update_is_recognised_after_a_lost_response() {
         let faulty = FaultStore::new(store.clone());
         let m = manifests(faulty.clone(), shard);
         let c = m.claim(Some(&identity())).await.unwrap();
-        land_then_timeout_once(&faulty, m.layout().manifest_path(3).to_string());
+        on_puts_to(
+            &faulty,
+            m.layout().manifest_path(3).to_string(),
+            Action::LandThenFail,
+            Action::Pass,
+        );
         let out = m.update(c.epoch, add_sstable(1)).await.unwrap();
         assert_eq!(out.version, 3, "{name}");
         assert_eq!(
@@ -409,7 +417,12 @@ async fn claim_with_lost_response_is_proven_or_redone_never_assumed() {
             .unwrap();
         let faulty = FaultStore::new(store.clone());
         let m = manifests(faulty.clone(), shard);
-        land_then_timeout_once(&faulty, m.layout().manifest_path(2).to_string());
+        on_puts_to(
+            &faulty,
+            m.layout().manifest_path(2).to_string(),
+            Action::LandThenFail,
+            Action::Pass,
+        );
         let c = m.claim(None).await.unwrap();
         let latest = manifests(store.clone(), shard)
             .load_latest()
@@ -435,18 +448,7 @@ async fn claim_with_lost_response_is_proven_or_redone_never_assumed() {
         let faulty = FaultStore::new(store.clone());
         let m = manifests(faulty.clone(), shard);
         let v2 = m.layout().manifest_path(2).to_string();
-        let fired = Arc::new(AtomicUsize::new(0));
-        faulty.set_hook(move |op| {
-            if op.kind == OpKind::Put && op.path == v2 {
-                if fired.fetch_add(1, Ordering::SeqCst) == 0 {
-                    Action::LandThenFail
-                } else {
-                    Action::Fail
-                }
-            } else {
-                Action::Pass
-            }
-        });
+        on_puts_to(&faulty, v2, Action::LandThenFail, Action::Fail);
         // The slot is read back: our token is there and no one claimed
         // since, so the claim is proven without bumping the epoch again.
         let c = m.claim(None).await.unwrap();
@@ -476,18 +478,8 @@ async fn identical_peer_claim_is_a_lost_claim_not_a_win() {
         // version 2 is held at a gate.
         let gate = Gate::new();
         let path = m.layout().manifest_path(2).to_string();
-        let fired = Arc::new(AtomicUsize::new(0));
-        let g = gate.clone();
-        faulty.set_hook(move |op| {
-            if op.kind == OpKind::Put
-                && op.path == path
-                && fired.fetch_add(1, Ordering::SeqCst) == 0
-            {
-                Action::Hold(g.clone(), Box::new(Action::Pass))
-            } else {
-                Action::Pass
-            }
-        });
+        let held = Action::Hold(gate.clone(), Box::new(Action::Pass));
+        on_puts_to(&faulty, path, held, Action::Pass);
         let m = Arc::new(m);
         let ours = tokio::spawn({
             let m = m.clone();
@@ -609,15 +601,8 @@ async fn a_claim_colliding_with_a_seal_is_sealed() {
     let m = Arc::new(manifests(faulty.clone(), shard));
     let gate = Gate::new();
     let path = m.layout().manifest_path(3).to_string();
-    let g = gate.clone();
-    let fired = Arc::new(AtomicUsize::new(0));
-    faulty.set_hook(move |op| {
-        if op.kind == OpKind::Put && op.path == path && fired.fetch_add(1, Ordering::SeqCst) == 0 {
-            Action::Hold(g.clone(), Box::new(Action::Pass))
-        } else {
-            Action::Pass
-        }
-    });
+    let held = Action::Hold(gate.clone(), Box::new(Action::Pass));
+    on_puts_to(&faulty, path, held, Action::Pass);
     let claim = tokio::spawn({
         let m = m.clone();
         async move { m.claim(None).await }
@@ -646,19 +631,8 @@ async fn unknown_outcome_claim_does_not_fence_the_real_winner() {
     let m = Arc::new(manifests(faulty.clone(), shard));
     let gate = Gate::new();
     let v2 = m.layout().manifest_path(2).to_string();
-    let g = gate.clone();
-    let fired = Arc::new(AtomicUsize::new(0));
-    faulty.set_hook(move |op| {
-        if op.kind == OpKind::Put && op.path == v2 {
-            if fired.fetch_add(1, Ordering::SeqCst) == 0 {
-                Action::Hold(g.clone(), Box::new(Action::Fail))
-            } else {
-                Action::Fail
-            }
-        } else {
-            Action::Pass
-        }
-    });
+    let held = Action::Hold(gate.clone(), Box::new(Action::Fail));
+    on_puts_to(&faulty, v2, held, Action::Fail);
     let ours = tokio::spawn({
         let m = m.clone();
         async move { m.claim(None).await }
