@@ -25,12 +25,7 @@ impl ManifestStore {
         // A shard whose early versions were pruned must not get a second
         // version 1: look for any version first (probing, then LIST).
         if self.latest_version().await? > 1 {
-            let latest = self
-                .load_latest()
-                .await?
-                .ok_or(FencingError::ShardNotFound {
-                    shard: self.shard(),
-                })?;
+            let latest = self.require_latest().await?;
             self.check_identity(&latest, identity)?;
             return Ok(latest);
         }
@@ -256,12 +251,7 @@ impl ManifestStore {
     /// [`FencingError::Fenced`] when a newer epoch is recorded,
     /// [`FencingError::Sealed`] when the shard is sealed.
     pub async fn check_fenced(&self, epoch: u64) -> FencingResult<ShardManifest> {
-        let latest = self
-            .load_latest()
-            .await?
-            .ok_or(FencingError::ShardNotFound {
-                shard: self.shard(),
-            })?;
+        let latest = self.require_latest().await?;
         self.check_owner(&latest, epoch)?;
         Ok(latest)
     }
@@ -332,12 +322,7 @@ impl ManifestStore {
 
     async fn set_status(&self, status: ShardStatus) -> FencingResult<ShardManifest> {
         for _ in 0..self.max_races() {
-            let base = self
-                .load_latest()
-                .await?
-                .ok_or(FencingError::ShardNotFound {
-                    shard: self.shard(),
-                })?;
+            let base = self.require_latest().await?;
             if base.status == status as i32 {
                 return Ok(base);
             }
@@ -362,6 +347,15 @@ impl ManifestStore {
             shard: self.shard(),
             attempts: self.max_races(),
         })
+    }
+
+    /// The latest manifest; a shard without one is [`FencingError::ShardNotFound`].
+    async fn require_latest(&self) -> FencingResult<ShardManifest> {
+        self.load_latest()
+            .await?
+            .ok_or(FencingError::ShardNotFound {
+                shard: self.shard(),
+            })
     }
 
     fn check_owner(&self, m: &ShardManifest, epoch: u64) -> FencingResult<()> {
