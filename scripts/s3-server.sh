@@ -16,9 +16,11 @@
 set -euo pipefail
 
 # Pinned: moto 5.2.5 answers a PUT with `If-None-Match: *` onto an existing key
-# with 412 PreconditionFailed, which object_store maps to AlreadyExists.
-MOTO_SPEC='moto[server]==5.2.5'
+# with 412 PreconditionFailed, which object_store maps to AlreadyExists. Its
+# dependencies are pinned too, in moto-requirements.txt (installed with
+# `pip install -r`), so a fresh machine gets the same server as the last one.
 MOTO_VERSION=5.2.5
+REQUIREMENTS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/moto-requirements.txt"
 
 PORT=${MEMWAL_S3_PORT:-5555}
 BUCKET=${MEMWAL_S3_BUCKET:-memwal-test}
@@ -46,8 +48,14 @@ installed_version() {
     "$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("moto"))' 2>/dev/null || true
 }
 
+# Records which requirements list the venv was installed from.
+STAMP_NAME=.memwal-moto-requirements.sha256
+requirements_hash() { sha256sum "$REQUIREMENTS" | cut -d' ' -f1; }
+
 install() {
-    if [[ "$(installed_version)" == "$MOTO_VERSION" ]] && [[ -x "$VENV/bin/moto_server" ]]; then
+    [[ -f "$REQUIREMENTS" ]] || { log "missing $REQUIREMENTS"; exit 1; }
+    if [[ "$(installed_version)" == "$MOTO_VERSION" ]] && [[ -x "$VENV/bin/moto_server" ]] \
+        && [[ "$(cat "$VENV/$STAMP_NAME" 2>/dev/null)" == "$(requirements_hash)" ]]; then
         return 0
     fi
     if [[ ! -x "$VENV/bin/python" ]] || ! "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
@@ -55,9 +63,13 @@ install() {
         rm -rf "$VENV"
         python3 -m venv "$VENV"
     fi
-    log "installing $MOTO_SPEC into $VENV"
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$MOTO_SPEC" >&2
+    log "installing moto $MOTO_VERSION and its pinned dependencies ($REQUIREMENTS) into $VENV"
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQUIREMENTS" >&2
+    local problems
+    problems=$("$VENV/bin/python" -m pip check --disable-pip-version-check 2>&1) \
+        || { log "installed packages are inconsistent: $problems"; exit 1; }
     [[ "$(installed_version)" == "$MOTO_VERSION" ]] || { log "moto $MOTO_VERSION did not install"; exit 1; }
+    requirements_hash >"$VENV/$STAMP_NAME"
 }
 
 # True when something answers HTTP on the endpoint.

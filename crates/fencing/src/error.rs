@@ -69,8 +69,10 @@ pub enum FencingError {
         /// The (lower) epoch found.
         stored_epoch: u64,
     },
-    /// An object that should be a manifest does not decode or contradicts
-    /// its own path. Never treated as missing.
+    /// An object that should be a manifest does not decode, contradicts
+    /// its own path, or holds a counter (`version`, `writer_epoch`) at
+    /// `u64::MAX` that the next version would have to increment. Never
+    /// treated as missing.
     #[error("corrupt shard manifest at `{path}`: {reason}")]
     Corrupt {
         /// The object path.

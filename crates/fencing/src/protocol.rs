@@ -122,9 +122,9 @@ impl ManifestStore {
                     shard: self.shard(),
                 });
             }
-            let wanted = base.writer_epoch + 1;
+            let wanted = self.incremented(&base, "writer_epoch", base.writer_epoch)?;
             let mut next = base.clone();
-            next.version = base.version + 1;
+            next.version = self.incremented(&base, "version", base.version)?;
             next.writer_epoch = wanted;
             let bytes = codec::encode_with_claim_token(&next, rand::random());
             match self.write_version(next.version, bytes.clone()).await {
@@ -288,7 +288,7 @@ impl ManifestStore {
             next.shard_field_entries = base.shard_field_entries.clone();
             next.writer_epoch = base.writer_epoch;
             next.status = base.status;
-            next.version = base.version + 1;
+            next.version = self.incremented(&base, "version", base.version)?;
             // Our epoch is in the bytes and no one else holds it: Identical
             // can only be our own landed write.
             match self
@@ -327,10 +327,10 @@ impl ManifestStore {
                 return Ok(base);
             }
             let mut next = base.clone();
-            next.version = base.version + 1;
+            next.version = self.incremented(&base, "version", base.version)?;
             next.status = status as i32;
             if status == ShardStatus::Sealed {
-                next.writer_epoch = base.writer_epoch + 1;
+                next.writer_epoch = self.incremented(&base, "writer_epoch", base.writer_epoch)?;
             }
             let bytes = codec::encode_with_claim_token(&next, rand::random());
             match self.write_version(next.version, bytes).await {
@@ -346,6 +346,20 @@ impl ManifestStore {
         Err(FencingError::Contended {
             shard: self.shard(),
             attempts: self.max_races(),
+        })
+    }
+
+    /// `value + 1`, where `value` is the manifest field `field` of `base`;
+    /// a field already at `u64::MAX` cannot have been written by the
+    /// protocol and is [`FencingError::Corrupt`] naming the shard, the
+    /// field and the manifest's path, never wrapped or a panic.
+    fn incremented(&self, base: &ShardManifest, field: &str, value: u64) -> FencingResult<u64> {
+        value.checked_add(1).ok_or_else(|| FencingError::Corrupt {
+            path: self.layout().manifest_path(base.version).to_string(),
+            reason: format!(
+                "shard {}: `{field}` is {value} (u64::MAX) and cannot be incremented",
+                self.shard()
+            ),
         })
     }
 

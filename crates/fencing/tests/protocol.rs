@@ -9,7 +9,9 @@ use memwal_fencing::{
 };
 use memwal_proto::SsTable;
 use memwal_store::{open_store, Path, RetryPolicy, StoreError};
-use memwal_testkit::{Action, FaultStore, Gate, OpKind};
+use memwal_testkit::{
+    http_status_error, permission_denied, Action, FaultStore, Gate, InjectError, OpKind,
+};
 use object_store::{ObjectStore, ObjectStoreExt};
 
 /// A fresh store of each kind: in-memory, and local disk with fsync.
@@ -652,4 +654,121 @@ async fn unknown_outcome_claim_does_not_fence_the_real_winner() {
         .check_fenced(peer.epoch)
         .await
         .unwrap();
+}
+
+/// Stores `m` as its version of `shard`, bypassing the protocol (a manifest
+/// some other process, or corruption, left behind).
+async fn put_raw_manifest(store: &Arc<dyn ObjectStore>, shard: ShardId, m: &ShardManifest) {
+    use prost::Message;
+    let path = manifests(store.clone(), shard)
+        .layout()
+        .manifest_path(m.version);
+    store.put(&path, m.encode_to_vec().into()).await.unwrap();
+}
+
+fn raw_manifest(shard: ShardId, version: u64, writer_epoch: u64) -> ShardManifest {
+    ShardManifest {
+        shard_id: Some(shard.to_proto()),
+        version,
+        shard_spec_id: identity().spec_id,
+        shard_field_entries: identity().entries(),
+        writer_epoch,
+        current_generation: 1,
+        status: ShardStatus::Active as i32,
+        ..Default::default()
+    }
+}
+
+// Breaks if a counter at u64::MAX is incremented unchecked: the claim (or
+// seal, or update) would panic on overflow, or wrap to 0 in a release
+// build (an epoch going back to 0 un-fences every old writer; a version
+// of 0 breaks discovery). It must be Corrupt, naming shard and field.
+#[tokio::test]
+async fn counters_at_u64_max_are_corrupt_never_wrapped() {
+    for (name, store, _dir) in backends() {
+        // writer_epoch = u64::MAX at version 1.
+        let shard = ShardId::random();
+        put_raw_manifest(&store, shard, &raw_manifest(shard, 1, u64::MAX)).await;
+        let m = manifests(store.clone(), shard);
+        let assert_corrupt = |what: &str, field: &str, r: Result<_, FencingError>| match r {
+            Err(FencingError::Corrupt { reason, .. }) => {
+                assert!(reason.contains(field), "{name} {what}: {reason}");
+                assert!(
+                    reason.contains(&shard.to_string()),
+                    "{name} {what}: {reason}"
+                );
+            }
+            other => panic!("{name} {what}: expected Corrupt, got {other:?}"),
+        };
+        assert_corrupt("claim", "writer_epoch", m.claim(None).await.map(|_| ()));
+        assert_corrupt("seal", "writer_epoch", m.seal().await.map(|_| ()));
+        assert_eq!(
+            m.latest_version().await.unwrap(),
+            1,
+            "{name}: nothing written"
+        );
+
+        // version = u64::MAX (found by LIST: probing from 1 finds nothing).
+        let shard = ShardId::random();
+        put_raw_manifest(&store, shard, &raw_manifest(shard, u64::MAX, 1)).await;
+        let m = manifests(store.clone(), shard);
+        assert_eq!(m.latest_version().await.unwrap(), u64::MAX, "{name}");
+        let assert_corrupt = |what: &str, r: Result<_, FencingError>| match r {
+            Err(FencingError::Corrupt { reason, .. }) => {
+                assert!(reason.contains("`version`"), "{name} {what}: {reason}");
+                assert!(
+                    reason.contains(&shard.to_string()),
+                    "{name} {what}: {reason}"
+                );
+            }
+            other => panic!("{name} {what}: expected Corrupt, got {other:?}"),
+        };
+        assert_corrupt("claim", m.claim(None).await.map(|_| ()));
+        assert_corrupt("update", m.update(1, |_| Ok(())).await.map(|_| ()));
+        assert_corrupt("seal", m.seal().await.map(|_| ()));
+    }
+}
+
+// Breaks if a store's definite refusal of the claim's PUT (403, or a 400
+// object_store reports as `Generic`) is reported as an unknown outcome (a
+// caller would have to assume the claim may have fenced the old writer)
+// or retried as transient. The claim failed and wrote nothing.
+#[tokio::test]
+async fn a_refused_claim_is_a_definite_error() {
+    let refusals = [
+        InjectError::new(|| permission_denied("table/_mem_wal")),
+        InjectError::new(|| http_status_error(400, "Bad Request")),
+    ];
+    for refusal in refusals {
+        let (name, store, _dir) = backends().remove(1);
+        let shard = ShardId::random();
+        manifests(store.clone(), shard)
+            .initialize_shard(&identity())
+            .await
+            .unwrap();
+        let faulty = FaultStore::new(store.clone());
+        let m = manifests(faulty.clone(), shard);
+        let v2 = m.layout().manifest_path(2).to_string();
+        on_puts_to(
+            &faulty,
+            v2.clone(),
+            Action::FailWith(refusal.clone()),
+            Action::FailWith(refusal),
+        );
+        let err = m.claim(None).await.unwrap_err();
+        assert!(
+            matches!(err, FencingError::Storage(StoreError::Request { .. })),
+            "{name}: expected a refusal, got {err:?}"
+        );
+        assert!(!err.is_outcome_unknown(), "{name}");
+        assert_eq!(faulty.count(OpKind::Put, &v2), 1, "{name}: sent once");
+        assert_eq!(
+            manifests(store.clone(), shard)
+                .latest_version()
+                .await
+                .unwrap(),
+            1,
+            "{name}"
+        );
+    }
 }

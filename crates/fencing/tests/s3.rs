@@ -34,6 +34,10 @@ fn hold_first_put(faulty: &Arc<FaultStore>, path: String, gate: Gate) {
 // overwrite the winner's manifest instead of losing), if our own landed write
 // is not recognised over S3, or if fencing does not hold.
 #[tokio::test]
+#[cfg_attr(
+    not(memwal_s3_tests),
+    ignore = "needs an S3 server: MEMWAL_TEST_S3_URI unset (eval \"$(scripts/s3-server.sh start)\")"
+)]
 async fn claims_collide_and_fence_over_s3() {
     let Some(loc) = s3_test_location("fencing-claims") else {
         return;

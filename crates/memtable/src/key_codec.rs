@@ -80,14 +80,37 @@ pub fn is_encodable(data_type: &DataType) -> bool {
     )
 }
 
-/// Whether upstream's bloom hash covers `data_type` (dates and fixed-size
-/// binary are encodable keys but have no defined bloom hash).
+/// Whether [`bloom_hash`] is defined for keys of `data_type`: every
+/// encodable type except dates and fixed-size binary, i.e. the types for
+/// which the hash equals the one upstream lance 14.0.2's point lookup
+/// probes with. A bloom filter over a key with a column of another type is
+/// written saturated (see [`KeyColumns::bloom_hash_row`]).
+///
+/// This says nothing about filters *upstream* wrote; see
+/// [`is_bloom_probe_exact`] for which types a reader may trust a "no" for.
 pub fn is_bloom_hashable(data_type: &DataType) -> bool {
     is_encodable(data_type)
         && !matches!(
             data_type,
             DataType::Date32 | DataType::Date64 | DataType::FixedSizeBinary(_)
         )
+}
+
+/// Whether a bloom filter written by memwal *or* by upstream lance 14.0.2
+/// holds [`bloom_hash`] of every key it was built over, for a key column of
+/// `data_type`: true only for Int32, Int64, Utf8 and Binary.
+///
+/// Upstream's SSTable writer feeds the hasher a value only for those four
+/// types; for every other type it feeds just the null flag, so its filter
+/// never holds [`bloom_hash`] of a present key. A reader that cannot tell
+/// who wrote an SSTable must therefore answer "maybe present" for a key
+/// with any column of another type, and may treat a failed probe as
+/// "absent" only when every key column passes this check.
+pub fn is_bloom_probe_exact(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Int32 | DataType::Int64 | DataType::Utf8 | DataType::Binary
+    )
 }
 
 #[inline]
@@ -145,19 +168,23 @@ pub fn encoded_key(values: &[KeyValue<'_>]) -> Vec<u8> {
     out
 }
 
-/// The bloom-filter hash of a key tuple, as upstream lance computes it:
+/// The bloom-filter hash of a key tuple, as upstream lance's readers compute
+/// it (`compute_pk_hash`, `compute_pk_hash_from_scalars`):
 /// `std::collections::hash_map::DefaultHasher::new()` fed, per key column in
 /// key order, `is_null: bool` and then (when not null) the value through its
-/// own `Hash` impl (`i8`..`u64`, `bool`, `str`, `[u8]`).
+/// own `Hash` impl (`i8`..`u64`, `bool`, `str`, `[u8]`). This is what memwal's
+/// SSTable writer inserts, so upstream's point lookup finds every key memwal
+/// wrote.
 ///
-/// This is the hash upstream's readers compute (`compute_pk_hash`,
-/// `compute_pk_hash_from_scalars`). Upstream's memtable *writer* feeds the
-/// value only for Int32, Int64, Utf8 and Binary columns (other types get
-/// just the null flag); for those four types the two agree, for the others
-/// this function follows the readers, which is what makes a lookup find
-/// the key. Dates and fixed-size binary have no upstream definition and
-/// are refused. std does not promise this hash across Rust releases;
-/// writer and reader must share a toolchain.
+/// Upstream's SSTable *writer* agrees only for Int32, Int64, Utf8 and Binary
+/// columns (other types get just the null flag): a probe with this hash is
+/// conclusive only under [`is_bloom_probe_exact`]. Dates have no upstream
+/// definition and are refused. A [`KeyValue::Binary`] is hashed as binary
+/// whatever column it came from: for a fixed-size binary column (which has
+/// no upstream definition either) the caller must check the column type
+/// ([`is_bloom_hashable`]); [`KeyColumns::bloom_hash_row`] does. std does not
+/// promise this hash across Rust releases; writer and reader must share a
+/// toolchain.
 pub fn bloom_hash(values: &[KeyValue<'_>]) -> Result<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for (i, v) in values.iter().enumerate() {
@@ -324,8 +351,18 @@ impl<'a> KeyColumns<'a> {
         }
     }
 
-    /// The bloom hash of `row` (see [`bloom_hash`]).
+    /// The bloom hash of `row` (see [`bloom_hash`]). Fails with
+    /// [`MemTableError::UnsupportedKeyType`] when a key column's type is not
+    /// [`is_bloom_hashable`] (dates, fixed-size binary), whatever the row.
     pub fn bloom_hash_row(&self, row: usize) -> Result<u64> {
+        for (i, c) in self.columns.iter().enumerate() {
+            if let ColumnView::Fixed(a) = c {
+                return Err(MemTableError::UnsupportedKeyType {
+                    column: format!("#{i}"),
+                    data_type: a.data_type().clone(),
+                });
+            }
+        }
         let mut buf = [KeyValue::Null; 4];
         if self.columns.len() <= buf.len() {
             for (slot, c) in buf.iter_mut().zip(&self.columns) {

@@ -2,8 +2,10 @@
 //!
 //! - [`TableSchema`]: the base table's columns, field ids and primary key,
 //!   and the derived storage schema (`_tombstone` appended).
-//! - [`TableSchema::to_storage`] / [`TableSchema::tombstone_batch`]: batch
-//!   validation and zero-copy conversion to the storage form.
+//! - [`TableSchema::to_storage`] / [`TableSchema::tombstone_batch`]: strict
+//!   validation of batches offered for writing and zero-copy conversion to
+//!   the storage form; [`TableSchema::to_storage_for_replay`]: the lenient
+//!   conversion of batches read back from a WAL.
 //! - [`key_codec`]: the order-preserving key tuple encoding and upstream's
 //!   bloom-filter key hash (reused by the SSTable writer).
 //! - [`MemTable`] / [`FrozenMemTable`]: rows in WAL order with a

@@ -294,7 +294,9 @@ impl MemTable {
     /// writes that batch to the WAL and inserts the same batch: a batch
     /// carrying this table's storage schema `Arc` takes a fast path (only
     /// key nulls and `_tombstone` are re-checked) and can then only fail
-    /// with [`MemTableError::TooManyRows`] (see [`MAX_ROWS`]).
+    /// with [`MemTableError::TooManyRows`] (see [`MAX_ROWS`]). WAL replay
+    /// converts with [`TableSchema::to_storage_for_replay`] and inserts its
+    /// output the same way.
     pub fn insert(&mut self, batch: &RecordBatch) -> Result<Range<usize>> {
         self.store.insert(batch)
     }

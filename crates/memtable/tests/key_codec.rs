@@ -5,9 +5,12 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use memwal_memtable::key_codec::{bloom_hash, encoded_key, KeyColumns};
-use memwal_memtable::KeyValue;
+use arrow_array::{Array, ArrayRef, FixedSizeBinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_schema::DataType;
+use memwal_memtable::key_codec::{
+    bloom_hash, encoded_key, is_bloom_hashable, is_bloom_probe_exact, KeyColumns,
+};
+use memwal_memtable::{KeyValue, MemTableError};
 use proptest::prelude::*;
 
 fn enc(values: &[KeyValue<'_>]) -> Vec<u8> {
@@ -129,6 +132,61 @@ fn bloom_hash_matches_upstream_recipe() {
     let cols: Vec<&ArrayRef> = batch.columns().iter().collect();
     let keys = KeyColumns::try_new(&cols, &["a", "b"]).unwrap();
     assert_eq!(keys.bloom_hash_row(0).unwrap(), composite);
+}
+
+/// A fixed-size binary key column has no bloom hash upstream's point lookup
+/// shares (it hashes such a value by its debug form), so the row path
+/// refuses it (the SSTable writer then saturates the filter) instead of
+/// hashing its bytes as binary. Breaks if `bloom_hash_row` hashes it.
+#[test]
+fn fixed_size_binary_keys_have_no_bloom_hash() {
+    let fixed: ArrayRef = Arc::new(
+        FixedSizeBinaryArray::try_from_iter([b"abcd".as_slice(), b"wxyz".as_slice()].into_iter())
+            .unwrap(),
+    );
+    let ints: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
+    assert!(!is_bloom_hashable(fixed.data_type()));
+    let keys = KeyColumns::try_new(&[&ints, &fixed], &["i", "f"]).unwrap();
+    assert_eq!(
+        keys.bloom_hash_row(0).unwrap_err(),
+        MemTableError::UnsupportedKeyType {
+            column: "#1".into(),
+            data_type: DataType::FixedSizeBinary(4),
+        }
+    );
+}
+
+/// Only the four types upstream's SSTable writer hashes by value make a
+/// probe conclusive. Breaks if a type upstream's writer hashes by its null
+/// flag alone (a reader would then report present keys absent) is listed.
+#[test]
+fn bloom_probes_are_exact_only_for_the_types_upstream_writes_by_value() {
+    let exact = [
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Utf8,
+        DataType::Binary,
+    ];
+    let not_exact = [
+        DataType::Int8,
+        DataType::Int16,
+        DataType::UInt8,
+        DataType::UInt16,
+        DataType::UInt32,
+        DataType::UInt64,
+        DataType::Boolean,
+        DataType::LargeUtf8,
+        DataType::LargeBinary,
+        DataType::Date32,
+        DataType::Date64,
+        DataType::FixedSizeBinary(16),
+    ];
+    for t in &exact {
+        assert!(is_bloom_probe_exact(t), "{t}");
+    }
+    for t in &not_exact {
+        assert!(!is_bloom_probe_exact(t), "{t}");
+    }
 }
 
 fn cmp_opt<T: Ord>(a: &Option<T>, b: &Option<T>) -> Ordering {

@@ -281,6 +281,15 @@ fn empty_batches_are_rejected() {
         MemTableError::EmptyBatch
     );
     assert!(mt.is_empty());
+    // The replay conversion refuses them too, in both input shapes.
+    let ts = table(schema.clone());
+    let empty_storage = RecordBatch::new_empty(ts.storage_schema().clone());
+    for batch in [int_rows(&schema, &[], &[]), empty_storage] {
+        assert_eq!(
+            ts.to_storage_for_replay(&batch).unwrap_err(),
+            MemTableError::EmptyBatch
+        );
+    }
 }
 
 /// A table without a primary key keeps every row, has no deletion set and
@@ -417,26 +426,27 @@ fn key_order_and_field_ids_follow_lance() {
     ));
 }
 
-/// A storage-form batch (as read back from the WAL) is matched by field id,
-/// not by name or position: renamed and reordered columns land in the right
+fn with_id(name: &str, dt: DataType, nullable: bool, id: i32) -> Field {
+    Field::new(name, dt, nullable)
+        .with_metadata(HashMap::from([(FIELD_ID_KEY.to_string(), id.to_string())]))
+}
+
+/// A storage-form batch read back from the WAL is matched by field id, not
+/// by name or position: renamed and reordered columns land in the right
 /// place, a column unknown to the batch is null-filled, an id on
 /// `_tombstone` is ignored, and a missing key column is refused. Breaks if
 /// replayed batches are matched by name or position.
 #[test]
-fn storage_batches_match_columns_by_field_id() {
+fn replayed_batches_match_columns_by_field_id() {
     let ts = table(int_table());
     let mut mt = MemTable::new(ts.clone());
-    let id = |name: &str, dt: DataType, nullable: bool, id: i32| {
-        Field::new(name, dt, nullable)
-            .with_metadata(HashMap::from([(FIELD_ID_KEY.to_string(), id.to_string())]))
-    };
     // `v` (id 2) renamed to `value` and first; `name` (id 1) absent; an
     // unknown column with id 9; `_tombstone` carrying a stray id 1.
     let schema = Arc::new(Schema::new(vec![
-        id("value", DataType::Int64, true, 2),
-        id("zzz", DataType::Int64, true, 9),
-        id("id", DataType::Int64, false, 0),
-        id(TOMBSTONE_COLUMN, DataType::Boolean, false, 1),
+        with_id("value", DataType::Int64, true, 2),
+        with_id("zzz", DataType::Int64, true, 9),
+        with_id("id", DataType::Int64, false, 0),
+        with_id(TOMBSTONE_COLUMN, DataType::Boolean, false, 1),
     ]));
     let batch = RecordBatch::try_new(
         schema.clone(),
@@ -448,7 +458,9 @@ fn storage_batches_match_columns_by_field_id() {
         ],
     )
     .unwrap();
-    mt.insert(&batch).unwrap();
+    let storage = ts.to_storage_for_replay(&batch).unwrap();
+    assert!(Arc::ptr_eq(&storage.schema(), ts.storage_schema()));
+    mt.insert(&storage).unwrap();
     let row = mt.get(&[KeyValue::Int64(1)]).unwrap().unwrap();
     assert_eq!(row.schema(), *ts.storage_schema());
     assert_eq!(int_of(&row, "v"), 10);
@@ -461,7 +473,7 @@ fn storage_batches_match_columns_by_field_id() {
     // Without the key column (id 0) the batch is refused.
     let no_key = RecordBatch::try_new(
         Arc::new(Schema::new(vec![
-            id("v", DataType::Int64, true, 2),
+            with_id("v", DataType::Int64, true, 2),
             Field::new(TOMBSTONE_COLUMN, DataType::Boolean, false),
         ])),
         vec![
@@ -470,12 +482,152 @@ fn storage_batches_match_columns_by_field_id() {
         ],
     )
     .unwrap();
-    assert_eq!(
-        mt.insert(&no_key).unwrap_err(),
-        MemTableError::MissingKeyColumn {
-            column: "id".into()
-        }
-    );
+    let missing_key = MemTableError::MissingKeyColumn {
+        column: "id".into(),
+    };
+    assert_eq!(ts.to_storage_for_replay(&no_key).unwrap_err(), missing_key);
+    assert_eq!(ts.to_storage(&no_key).unwrap_err(), missing_key);
+}
+
+/// A storage-form batch offered for writing (`to_storage`, `insert`) must
+/// carry every table column and nothing else: renamed and reordered
+/// columns are matched by field id, but a column whose field id (or, without
+/// one, name) matches no table column, a second column for the same table
+/// column and a missing non-key column are refused with `SchemaMismatch`
+/// naming the column, where the replay conversion drops resp. null-fills.
+/// Breaks if a user put can silently lose or invent a column's values.
+#[test]
+fn written_storage_batches_must_cover_the_table_exactly() {
+    let ts = table(int_table());
+    let reason = |r: memwal_memtable::Result<RecordBatch>| match r {
+        Err(MemTableError::SchemaMismatch { reason }) => reason,
+        other => panic!("expected SchemaMismatch, got {other:?}"),
+    };
+    let ids = || Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef;
+    let names = || Arc::new(StringArray::from(vec!["a", "b"])) as ArrayRef;
+    let vs = || Arc::new(Int64Array::from(vec![10, 20])) as ArrayRef;
+    let live = || Arc::new(BooleanArray::from(vec![false, false])) as ArrayRef;
+    let tombstone = Field::new(TOMBSTONE_COLUMN, DataType::Boolean, false);
+
+    // Every column present, renamed and reordered: accepted, by field id.
+    let exact = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            with_id("value", DataType::Int64, true, 2),
+            tombstone.clone(),
+            with_id("key", DataType::Int64, false, 0),
+            with_id("label", DataType::Utf8, true, 1),
+        ])),
+        vec![vs(), live(), ids(), names()],
+    )
+    .unwrap();
+    let stored = ts.to_storage(&exact).unwrap();
+    assert!(Arc::ptr_eq(stored.column(2), exact.column(0)));
+    assert!(Arc::ptr_eq(stored.column(1), exact.column(3)));
+
+    // `v` written under field id 7, which no table column has.
+    let unknown_id = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            with_id("id", DataType::Int64, false, 0),
+            with_id("name", DataType::Utf8, true, 1),
+            with_id("v", DataType::Int64, true, 7),
+            tombstone.clone(),
+        ])),
+        vec![ids(), names(), vs(), live()],
+    )
+    .unwrap();
+    let r = reason(ts.to_storage(&unknown_id));
+    assert!(r.contains("`v` (field id 7)"), "{r}");
+    let mut mt = MemTable::new(ts.clone());
+    assert!(matches!(
+        mt.insert(&unknown_id),
+        Err(MemTableError::SchemaMismatch { .. })
+    ));
+    assert!(mt.is_empty());
+    // Replay drops the unknown column (and so has no `v`: null-filled).
+    let replayed = ts.to_storage_for_replay(&unknown_id).unwrap();
+    assert_eq!(replayed.num_columns(), 4);
+    assert!(Arc::ptr_eq(replayed.column(1), unknown_id.column(1)));
+    assert_eq!(replayed.column(2).null_count(), 2);
+
+    // An extra column without a field id whose name is no table column's.
+    let extra = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("v", DataType::Int64, true),
+            Field::new("extra", DataType::Int64, true),
+            tombstone.clone(),
+        ])),
+        vec![ids(), names(), vs(), vs(), live()],
+    )
+    .unwrap();
+    let r = reason(ts.to_storage(&extra));
+    assert!(r.contains("`extra` (no field id)"), "{r}");
+    assert_eq!(ts.to_storage_for_replay(&extra).unwrap().num_columns(), 4);
+
+    // Two columns for field id 2: the second matches nothing.
+    let duplicate = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            with_id("id", DataType::Int64, false, 0),
+            with_id("name", DataType::Utf8, true, 1),
+            with_id("v", DataType::Int64, true, 2),
+            with_id("v2", DataType::Int64, true, 2),
+            tombstone.clone(),
+        ])),
+        vec![ids(), names(), vs(), vs(), live()],
+    )
+    .unwrap();
+    let r = reason(ts.to_storage(&duplicate));
+    assert!(r.contains("`v2` (field id 2)"), "{r}");
+
+    // `name` (field id 1) missing.
+    let missing = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            with_id("id", DataType::Int64, false, 0),
+            with_id("v", DataType::Int64, true, 2),
+            tombstone.clone(),
+        ])),
+        vec![ids(), vs(), live()],
+    )
+    .unwrap();
+    let r = reason(ts.to_storage(&missing));
+    assert!(r.contains("`name` (field id 1)"), "{r}");
+    assert!(matches!(
+        mt.insert(&missing),
+        Err(MemTableError::SchemaMismatch { .. })
+    ));
+    assert!(mt.is_empty());
+    // Replay null-fills it.
+    let replayed = ts.to_storage_for_replay(&missing).unwrap();
+    assert_eq!(replayed.column(1).null_count(), 2);
+    assert!(Arc::ptr_eq(replayed.column(2), missing.column(1)));
+}
+
+/// A WAL batch without `_tombstone` is replayed as puts, its columns
+/// matched by field id like any other replayed batch. Breaks if replay
+/// treats such a batch as a positional user batch or as deletes.
+#[test]
+fn replayed_batches_without_tombstone_are_puts() {
+    let ts = table(int_table());
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            with_id("value", DataType::Int64, true, 2),
+            with_id("id", DataType::Int64, false, 0),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![10])) as ArrayRef,
+            Arc::new(Int64Array::from(vec![1])),
+        ],
+    )
+    .unwrap();
+    let stored = ts.to_storage_for_replay(&batch).unwrap();
+    assert_eq!(int_of(&stored, "v"), 10);
+    assert_eq!(stored.column(1).null_count(), 1);
+    assert_eq!(stored.column(3).as_boolean().true_count(), 0);
+    assert!(matches!(
+        ts.to_storage(&batch),
+        Err(MemTableError::SchemaMismatch { .. })
+    ));
 }
 
 /// A batch survives an Arrow IPC round trip (the WAL's format) and is

@@ -63,6 +63,40 @@ impl ShardRouter {
         self.spec_id
     }
 
+    /// Names of the table columns the spec reads (in spec field order, each
+    /// once).
+    pub fn source_columns(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for f in &self.fields {
+            let column = match f.transform {
+                Transform::Unsharded => continue,
+                Transform::Bucket { column, .. } | Transform::Identity { column } => column,
+            };
+            let name = self.column_names[column].as_str();
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    /// The shard field values every row has when the spec reads no column
+    /// (only `unsharded` fields): there is one shard. `None` otherwise.
+    pub fn constant_values(&self) -> Option<BTreeMap<String, Vec<u8>>> {
+        self.fields
+            .iter()
+            .map(|f| match f.transform {
+                Transform::Unsharded => Some((f.field_id.clone(), 0i32.to_le_bytes().to_vec())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The spec's shard field ids, in spec order.
+    pub fn field_ids(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(|f| f.field_id.as_str())
+    }
+
     /// The shard field values (raw little-endian Arrow scalar bytes by shard
     /// field id) of row `row` of `batch`, whose columns follow the schema.
     pub fn row_values(

@@ -52,10 +52,14 @@ impl Default for BloomSizing {
 /// The filter over the keys of every row of `batches` (`key_indices` in key
 /// order, `key_names` for errors); empty for an append-only table.
 ///
-/// When a key column has a type upstream's bloom hash does not define
-/// (dates, fixed-size binary) the filter is returned saturated (every bit
-/// set): every probe then answers "maybe", so no reader ever skips a
-/// generation that holds the key, whatever hash it computes.
+/// Each row's key is inserted as [`memwal_memtable::key_codec::bloom_hash`],
+/// the hash upstream's point lookup probes with, for every key type
+/// [`memwal_memtable::key_codec::is_bloom_hashable`] accepts (all integer
+/// widths, bool, utf8 and binary of both offset sizes). When a key column
+/// has a type without such a hash (dates, fixed-size binary) the filter is
+/// returned saturated (every bit set): every probe then answers "maybe",
+/// so no reader ever skips a generation that holds the key, whatever hash
+/// it computes.
 pub fn build_filter(
     path: &str,
     sizing: BloomSizing,

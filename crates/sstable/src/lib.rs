@@ -17,6 +17,11 @@
 //! at 100k keys; never false negatives).
 //! [`SsTableWriter::with_bloom_sizing`] sizes it for more keys; upstream
 //! readers accept any size.
+//!
+//! Our point lookup trusts a bloom "absent" only for keys made of Int32,
+//! Int64, Utf8 and Binary columns: upstream lance 14.0.2's writer hashes
+//! other key types by their null flag alone, so for them (in SSTables from
+//! either writer) the lookup always goes on to `_pk_index/`.
 
 mod bloom;
 mod dataset;

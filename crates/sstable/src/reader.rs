@@ -7,6 +7,7 @@ use futures::TryStreamExt;
 use lance::dataset::Dataset;
 use lance_core::utils::bloomfilter::sbbf::Sbbf;
 use memwal_fencing::ShardLayout;
+use memwal_memtable::key_codec::{bloom_hash, is_bloom_probe_exact};
 use memwal_memtable::{KeyValue, TableSchema, TOMBSTONE_COLUMN};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -35,6 +36,9 @@ pub struct SsTableReader {
     bloom: Sbbf,
     pk: Option<PkIndex>,
     schema: TableSchema,
+    /// Whether a failed bloom probe proves absence (every key column
+    /// [`is_bloom_probe_exact`]).
+    bloom_exact: bool,
 }
 
 impl std::fmt::Debug for SsTableReader {
@@ -72,12 +76,18 @@ impl SsTableReader {
         } else {
             None
         };
+        let table = schema.table_schema();
+        let bloom_exact = schema
+            .key_indices()
+            .iter()
+            .all(|&i| is_bloom_probe_exact(table.field(i).data_type()));
         Ok(Self {
             dir,
             dataset,
             bloom,
             pk,
             schema: schema.clone(),
+            bloom_exact,
         })
     }
 
@@ -102,9 +112,18 @@ impl SsTableReader {
     }
 
     /// False only when the bloom filter proves `key` (key order) absent.
-    /// Keys whose type has no bloom hash always answer true.
+    ///
+    /// The filter can prove that only when every key column of the table is
+    /// Int32, Int64, Utf8 or Binary
+    /// ([`memwal_memtable::key_codec::is_bloom_probe_exact`]): for other key
+    /// types upstream's SSTable writer does not insert the hash we probe
+    /// with, and an SSTable does not say who wrote it, so the answer is then
+    /// always true (as it is for a key [`bloom_hash`] refuses).
     pub fn might_contain(&self, key: &[KeyValue<'_>]) -> bool {
-        match memwal_memtable::key_codec::bloom_hash(key) {
+        if !self.bloom_exact {
+            return true;
+        }
+        match bloom_hash(key) {
             Ok(hash) => self.bloom.check_hash(hash),
             Err(_) => true,
         }

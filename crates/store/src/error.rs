@@ -14,9 +14,9 @@ pub enum StoreError {
         /// What was wrong with it.
         reason: String,
     },
-    /// A request failed definitively, or kept failing until retries ran out,
-    /// and no write may have landed (reads, or writes that never reached the
-    /// store).
+    /// A request failed definitively, or (for reads) kept failing until
+    /// retries ran out. For a write this is a definite refusal on its first
+    /// attempt: nothing was written.
     #[error("object store {op} of `{path}` failed: {source}")]
     Request {
         /// The operation (`get`, `head`, `put`, `list`).
@@ -27,9 +27,10 @@ pub enum StoreError {
         #[source]
         source: object_store::Error,
     },
-    /// A conditional create kept failing with errors after which the object
-    /// may or may not have been written: the outcome is unknown.
-    #[error("create of `{path}` has an unknown outcome after {attempts} attempts: {source}")]
+    /// A write failed in a way after which the object may or may not have
+    /// been written (retries ran out, a refusal followed an attempt that may
+    /// have landed, a failed fsync): the outcome is unknown.
+    #[error("write of `{path}` has an unknown outcome after {attempts} attempts: {source}")]
     OutcomeUnknown {
         /// The object path.
         path: String,

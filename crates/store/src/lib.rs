@@ -5,37 +5,22 @@
 //! - [`create_object`] is the one put-if-not-exists primitive: it retries
 //!   transient failures with the identical bytes and, on a collision, tells
 //!   apart "the object holds exactly our bytes" from "someone else's".
+//!   A definite refusal on the first try is [`StoreError::Request`]; any
+//!   failure after which the object may have been written (retries ran out,
+//!   a failed fsync) is [`StoreError::OutcomeUnknown`].
 //! - [`read_object`] / [`object_exists`] never read a failure as "absent".
+//! - [`is_transient`], [`http_status`], [`is_sync_failure`] classify
+//!   object_store errors (retry, refusal, unknown outcome).
 
+mod classify;
 mod error;
 mod ops;
 mod retry;
 mod uri;
 
+pub use classify::{http_status, is_sync_failure, is_transient};
 pub use error::{StoreError, StoreResult};
 pub use object_store::{path::Path, ObjectStore};
 pub use ops::{create_object, object_exists, put_overwrite, read_object, CreateOutcome};
 pub use retry::RetryPolicy;
 pub use uri::{open_store, StoreLocation};
-
-/// True for errors that may pass if the same request is sent again.
-///
-/// Anything the store reports as a definite answer (missing, exists,
-/// precondition, bad path, unsupported, denied) is permanent; generic
-/// transport/IO failures and join errors are treated as transient.
-pub fn is_transient(err: &object_store::Error) -> bool {
-    use object_store::Error as E;
-    !matches!(
-        err,
-        E::NotFound { .. }
-            | E::AlreadyExists { .. }
-            | E::Precondition { .. }
-            | E::NotModified { .. }
-            | E::InvalidPath { .. }
-            | E::NotSupported { .. }
-            | E::NotImplemented { .. }
-            | E::PermissionDenied { .. }
-            | E::Unauthenticated { .. }
-            | E::UnknownConfigurationKey { .. }
-    )
-}

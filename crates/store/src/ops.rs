@@ -1,7 +1,7 @@
 use bytes::Bytes;
 use object_store::{path::Path, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use crate::{is_transient, RetryPolicy, StoreError, StoreResult};
+use crate::{is_sync_failure, is_transient, RetryPolicy, StoreError, StoreResult};
 
 /// What a conditional create found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,8 +24,18 @@ pub enum CreateOutcome {
 /// Transient failures are retried with the identical bytes. A collision is
 /// resolved by reading the object back and comparing it with what we sent,
 /// so a PUT that landed but reported an error is never taken for a peer's.
-/// When retries run out and the last error could have hidden a landed write,
-/// the result is [`StoreError::OutcomeUnknown`].
+///
+/// Errors say whether the object may have been written:
+///
+/// - [`StoreError::Request`]: a definite refusal (denied, unauthenticated,
+///   bad path, unsupported, any HTTP 4xx but 408/429) on the first attempt;
+///   nothing was written;
+/// - [`StoreError::OutcomeUnknown`]: retries ran out, a refusal came after
+///   an earlier attempt that may have landed, a collision could not be read
+///   back, or a failed fsync ([`crate::is_sync_failure`]). A failed fsync
+///   is never retried: the object may be in place but not durable, and a
+///   retry finding our bytes would wrongly report them as
+///   [`CreateOutcome::Identical`].
 pub async fn create_object(
     store: &dyn ObjectStore,
     path: &Path,
@@ -83,29 +93,11 @@ pub async fn create_object(
                     }),
                 }
             }
-            Err(e) if is_transient(&e) => {
-                if attempt >= attempts {
-                    return Err(StoreError::OutcomeUnknown {
-                        path: path.to_string(),
-                        attempts: attempt,
-                        source: e,
-                    });
-                }
+            Err(e) if is_transient(&e) && attempt < attempts => {
                 tracing::debug!(%path, attempt, error = %e, "retrying conditional create");
                 retry.backoff(attempt).await;
             }
-            Err(e) => {
-                // A definite refusal (denied, unsupported, bad path): nothing
-                // landed on this attempt, but an earlier attempt may have.
-                if attempt > 1 {
-                    return Err(StoreError::OutcomeUnknown {
-                        path: path.to_string(),
-                        attempts: attempt,
-                        source: e,
-                    });
-                }
-                return Err(StoreError::request("put", path, e));
-            }
+            Err(e) => return Err(write_failure(path, attempt, e)),
         }
     }
 }
@@ -160,6 +152,12 @@ pub async fn object_exists(
 
 /// Unconditional PUT (for best-effort objects such as hints), retried on
 /// transient failures.
+///
+/// Errors are classified like [`create_object`]'s: [`StoreError::Request`]
+/// only for a definite refusal on the first attempt (nothing written),
+/// [`StoreError::OutcomeUnknown`] when the object may have been written
+/// (retries ran out, a refusal after an earlier attempt, a failed fsync,
+/// which is never retried).
 pub async fn put_overwrite(
     store: &dyn ObjectStore,
     path: &Path,
@@ -174,7 +172,27 @@ pub async fn put_overwrite(
             Err(e) if is_transient(&e) && attempt < retry.attempts() => {
                 retry.backoff(attempt).await;
             }
-            Err(e) => return Err(StoreError::request("put", path, e)),
+            Err(e) => return Err(write_failure(path, attempt, e)),
         }
     }
+}
+
+/// The error for a write whose `attempt`-th PUT failed with `e` and will
+/// not be retried.
+///
+/// A failed fsync leaves the object possibly in place but not durable, and
+/// retries that ran out may each have landed: both are
+/// [`StoreError::OutcomeUnknown`]. A definite refusal means this attempt
+/// wrote nothing, so it is a [`StoreError::Request`] on the first attempt,
+/// but after earlier attempts (which may have landed before their error)
+/// the outcome is still unknown.
+fn write_failure(path: &Path, attempt: u32, e: object_store::Error) -> StoreError {
+    if is_sync_failure(&e) || is_transient(&e) || attempt > 1 {
+        return StoreError::OutcomeUnknown {
+            path: path.to_string(),
+            attempts: attempt,
+            source: e,
+        };
+    }
+    StoreError::request("put", path, e)
 }

@@ -1,8 +1,9 @@
 //! `memwal-store` against a real S3-compatible server (moto under `.ci/run`).
 //!
-//! Each test gets a fresh prefix from `memwal_testkit::s3_test_location`; it
-//! is skipped (prints why, passes) when `MEMWAL_TEST_S3_URI` is unset, and
-//! fails under `CI=true` in that case. See `scripts/s3-server.sh`.
+//! Each test gets a fresh prefix from `memwal_testkit::s3_test_location`.
+//! Without `MEMWAL_TEST_S3_URI` they are reported as ignored (see
+//! `crates/testkit/s3_tests_cfg.rs`); under `CI=true` they run and fail in
+//! that case. See `scripts/s3-server.sh`.
 
 use bytes::Bytes;
 use memwal_store::{create_object, object_exists, read_object, CreateOutcome, RetryPolicy};
@@ -17,6 +18,10 @@ use object_store::{PutMode, PutOptions, PutPayload};
 /// to `AlreadyExists` (create_object would return an error or retry into
 /// `OutcomeUnknown`), or if the collision read-back compares the wrong bytes.
 #[tokio::test]
+#[cfg_attr(
+    not(memwal_s3_tests),
+    ignore = "needs an S3 server: MEMWAL_TEST_S3_URI unset (eval \"$(scripts/s3-server.sh start)\")"
+)]
 async fn create_object_is_put_if_not_exists_on_s3() {
     let Some(loc) = s3_test_location("store-create-object") else {
         return;
@@ -55,6 +60,10 @@ async fn create_object_is_put_if_not_exists_on_s3() {
 /// `If-None-Match: *`), or if the server answers a collision with something
 /// other than 412/304 (object_store would then report another variant).
 #[tokio::test]
+#[cfg_attr(
+    not(memwal_s3_tests),
+    ignore = "needs an S3 server: MEMWAL_TEST_S3_URI unset (eval \"$(scripts/s3-server.sh start)\")"
+)]
 async fn s3_create_collision_is_already_exists() {
     let Some(loc) = s3_test_location("store-raw-collision") else {
         return;
@@ -85,6 +94,10 @@ async fn s3_create_collision_is_already_exists() {
 /// `object_store::Error::NotFound` (read_object would return `Err`), or if
 /// the location is not a fresh, empty prefix.
 #[tokio::test]
+#[cfg_attr(
+    not(memwal_s3_tests),
+    ignore = "needs an S3 server: MEMWAL_TEST_S3_URI unset (eval \"$(scripts/s3-server.sh start)\")"
+)]
 async fn missing_object_reads_as_none_on_s3() {
     let Some(loc) = s3_test_location("store-read-missing") else {
         return;

@@ -48,6 +48,28 @@ pub struct Op {
     pub seq: u64,
 }
 
+/// Builds the error an [`Action::FailWith`] or [`Action::LandThenFailWith`]
+/// reports (a fresh one per request: `object_store::Error` is not `Clone`).
+#[derive(Clone)]
+pub struct InjectError(Arc<dyn Fn() -> object_store::Error + Send + Sync>);
+
+impl InjectError {
+    /// Injects what `make` returns.
+    pub fn new(make: impl Fn() -> object_store::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(make))
+    }
+
+    fn make(&self) -> object_store::Error {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for InjectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "InjectError({})", self.make())
+    }
+}
+
 /// What the hook decides for a request.
 #[derive(Debug, Clone)]
 pub enum Action {
@@ -58,6 +80,13 @@ pub enum Action {
     /// Run it on the inner store, then report an injected error anyway (a
     /// PUT that landed but whose response was lost).
     LandThenFail,
+    /// Fail with the given error; nothing reaches the inner store (e.g. a
+    /// refusal such as [`crate::permission_denied`]).
+    FailWith(InjectError),
+    /// Run it on the inner store, then report the given error if it
+    /// succeeded (e.g. [`crate::local_sync_error`]: the object was linked
+    /// into place, then its fsync failed). An inner failure is reported as is.
+    LandThenFailWith(InjectError),
     /// Hold at the gate until the test opens it, then decide by the inner action.
     Hold(Gate, Box<Action>),
     /// Wait this long, then run it normally.
@@ -167,16 +196,22 @@ impl FaultStore {
     }
 
     /// Applies gates and delays, then says whether the request runs and
-    /// whether to report a failure after it ran.
-    async fn resolve(&self, mut action: Action) -> Result<bool> {
+    /// which failure to report after it ran (`None`: its own outcome).
+    async fn resolve(&self, mut action: Action) -> Result<Option<InjectError>> {
         loop {
             if self.is_power_cut() {
                 return Err(injected_error("power cut"));
             }
             match action {
-                Action::Pass => return Ok(false),
+                Action::Pass => return Ok(None),
                 Action::Fail => return Err(injected_error("request failed before landing")),
-                Action::LandThenFail => return Ok(true),
+                Action::LandThenFail => {
+                    return Ok(Some(InjectError::new(|| {
+                        injected_error("response lost after the request landed")
+                    })))
+                }
+                Action::FailWith(err) => return Err(err.make()),
+                Action::LandThenFailWith(err) => return Ok(Some(err)),
                 Action::Hold(gate, then) => {
                     gate.pass().await;
                     action = *then;
@@ -199,9 +234,9 @@ impl FaultStore {
         let (_op, action) = self.state.record(kind, path, create);
         let fail_after = self.resolve(action).await?;
         let out = fut.await;
-        if fail_after {
+        if let Some(err) = fail_after {
             out?;
-            return Err(injected_error("response lost after the request landed"));
+            return Err(err.make());
         }
         out
     }
@@ -276,10 +311,12 @@ impl ObjectStore for FaultStore {
             .map(move |loc| {
                 let path = loc?;
                 let (_op, action) = state.record(OpKind::Delete, &path, false);
-                if state.is_power_cut() || !matches!(action, Action::Pass) {
-                    return Err(injected_error("delete failed"));
+                match action {
+                    _ if state.is_power_cut() => Err(injected_error("delete failed")),
+                    Action::Pass => Ok(path),
+                    Action::FailWith(err) => Err(err.make()),
+                    _ => Err(injected_error("delete failed")),
                 }
-                Ok(path)
             })
             .boxed();
         inner.delete_stream(allowed)
@@ -288,10 +325,13 @@ impl ObjectStore for FaultStore {
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
         let path = prefix.cloned().unwrap_or_default();
         let (_op, action) = self.state.record(OpKind::List, &path, false);
-        if self.is_power_cut() || !matches!(action, Action::Pass) {
-            return stream::once(async { Err(injected_error("list failed")) }).boxed();
-        }
-        self.inner.list(prefix)
+        let err = match action {
+            _ if self.is_power_cut() => injected_error("list failed"),
+            Action::Pass => return self.inner.list(prefix),
+            Action::FailWith(err) => err.make(),
+            _ => injected_error("list failed"),
+        };
+        stream::once(async move { Err(err) }).boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {

@@ -1,17 +1,20 @@
 //! Test support shared by memwal's crates: an object store wrapper that
 //! injects faults, holds requests at gates, counts requests and can "cut
-//! power", plus helpers to recognise injected errors, and
+//! power", errors shaped like object_store's (failed fsync, HTTP
+//! refusals) for hooks to inject, and
 //! [`s3_test_location`] for tests that run against a real S3-compatible
 //! server (see [`s3`] for the environment it reads).
 //!
 //! Faults are decided by a hook the test installs; nothing here sleeps or
 //! depends on timing unless a hook asks for a delay.
 
+mod errors;
 mod fault_store;
 mod gate;
 pub mod s3;
 
-pub use fault_store::{Action, FaultStore, Op, OpKind};
+pub use errors::{http_status_error, local_rename_error, local_sync_error, permission_denied};
+pub use fault_store::{Action, FaultStore, InjectError, Op, OpKind};
 pub use gate::Gate;
 pub use s3::{s3_test_location, S3_URI_ENV};
 

@@ -13,9 +13,16 @@
 //! `scripts/s3-server.sh start` does the same for a developer and prints the
 //! `export` lines to paste into a shell.
 //!
-//! Without `MEMWAL_TEST_S3_URI` an S3 test is skipped (it prints why and
-//! passes), except under `CI=true`, where a missing server is a failure so
-//! that CI can never go green without having run the S3 tests.
+//! Without `MEMWAL_TEST_S3_URI` an S3 test is skipped, except under
+//! `CI=true`, where a missing server is a failure so that CI can never go
+//! green without having run the S3 tests. The skip is visible: crates that
+//! build with `s3_tests_cfg.rs` (next to this crate's manifest) mark their
+//! S3 tests `#[cfg_attr(not(memwal_s3_tests), ignore = "...")]`, so
+//! `cargo test` lists them as ignored with the reason; a test that runs
+//! anyway (e.g. `--ignored`) gets `None` here and a `SKIPPED` line on the
+//! terminal.
+
+use std::io::Write;
 
 use memwal_store::StoreLocation;
 
@@ -23,7 +30,8 @@ use memwal_store::StoreLocation;
 pub const S3_URI_ENV: &str = "MEMWAL_TEST_S3_URI";
 
 /// A fresh, empty location on the S3 test server, or `None` when no server is
-/// configured (the test should then return early).
+/// configured (the test should then return early; a `SKIPPED` line is
+/// written to the terminal).
 ///
 /// Every call gets its own prefix, `{test_name}-{uuid}`, under
 /// `MEMWAL_TEST_S3_URI`, so tests and repeated runs never see each other's
@@ -46,8 +54,11 @@ pub fn s3_test_location(test_name: &str) -> Option<StoreLocation> {
                  (test `{test_name}`; .ci/run starts one with scripts/s3-server.sh)"
             );
         }
-        eprintln!(
-            "skipping S3 test `{test_name}`: {S3_URI_ENV} unset \
+        // Straight to the process's stderr: the test harness captures
+        // `eprintln!` and shows it only for failing tests.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED S3 test `{test_name}`: {S3_URI_ENV} unset \
              (run `scripts/s3-server.sh start` and export what it prints to enable)"
         );
         return None;

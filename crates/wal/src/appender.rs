@@ -182,7 +182,10 @@ impl Drop for Handle {
 /// - a failure poisons the appender: every pending and later append fails
 ///   with the same error (e.g. [`WalError::Fenced`] after a collision with
 ///   a newer writer's entry), and nothing more is acknowledged. Appends in
-///   an entry whose PUT outcome is unknown get [`WalError::OutcomeUnknown`].
+///   an entry whose PUT outcome is unknown get [`WalError::OutcomeUnknown`];
+///   a definite refusal of the store is [`WalError::Storage`] (not written).
+///   Appends arrow cannot encode poison it too ([`WalError::Unencodable`]):
+///   no later entry and no generation switch follows rows never logged.
 #[derive(Clone)]
 pub struct WalAppender {
     handle: Arc<Handle>,
@@ -338,7 +341,7 @@ impl WalAppender {
             if let Err(e) = join.await {
                 tracing::error!(shard = %self.shard(), error = %e, "WAL appender task failed");
                 // A task that died mid-way leaves the next entry's fate open.
-                let position = self.last_durable_position() + 1;
+                let position = self.last_durable_position().saturating_add(1);
                 let mut q = self.handle.shared.queue.lock();
                 if q.poison.is_none() {
                     q.poison = Some(WalError::OutcomeUnknown {

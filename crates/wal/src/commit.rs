@@ -9,7 +9,7 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use bytes::Bytes;
 use memwal_fencing::{FencingError, ManifestStore, ShardId, ShardStatus};
-use memwal_store::{create_object, CreateOutcome};
+use memwal_store::{create_object, CreateOutcome, StoreError};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
@@ -167,8 +167,18 @@ impl CommitTask {
     async fn write_group(&mut self, group: Vec<Pending>) -> WalResult<()> {
         let generation = group[0].generation;
         debug_assert_eq!(generation, self.generation);
-        let Some((bytes, waiters)) = self.encode(group) else {
-            return Ok(());
+        let (bytes, waiters) = match self.encode(group) {
+            Ok(encoded) => encoded,
+            Err((e, group)) => {
+                // The writer may already hold these rows in memory: nothing
+                // may follow them, or rows that were never logged could be
+                // published. Poison first, then tell the entry's appends.
+                self.poison(e.clone());
+                for p in group {
+                    let _ = p.tx.send(Err(e.clone()));
+                }
+                return Err(e);
+            }
         };
         let appends = waiters.len();
         let mut inflight = InFlight {
@@ -190,14 +200,23 @@ impl CommitTask {
         metrics::histogram!("memwal_wal_put_seconds").record(started.elapsed().as_secs_f64());
         match result {
             Ok(position) => {
-                self.next = position + 1;
                 self.shared.durable.store(position, Ordering::SeqCst);
                 inflight.ack(generation);
                 metrics::counter!("memwal_wal_entries_total").increment(1);
                 metrics::counter!("memwal_wal_bytes_total").increment(len as u64);
                 metrics::counter!("memwal_wal_appends_total").increment(appends as u64);
                 metrics::histogram!("memwal_wal_appends_per_entry").record(appends as f64);
-                Ok(())
+                // The entry is durable; only what follows it needs a position.
+                match self.position_after(position) {
+                    Ok(next) => {
+                        self.next = next;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.poison(e.clone());
+                        Err(e)
+                    }
+                }
             }
             Err(e) => {
                 // Poison before anyone hears of the failure, so a submit
@@ -209,47 +228,38 @@ impl CommitTask {
         }
     }
 
-    /// The entry bytes for `group` and each append's batch range in it.
-    /// Appends arrow cannot encode fail alone with `InvalidInput`; `None`
-    /// when nothing is left to write.
+    /// The entry bytes for `group` and each append's batch range in it;
+    /// when arrow cannot encode the group, [`WalError::Unencodable`] and
+    /// the group back (its appends share one schema, so none is isolated).
     #[allow(clippy::type_complexity)]
     fn encode(
         &self,
         group: Vec<Pending>,
-    ) -> Option<(
-        Bytes,
-        Vec<(oneshot::Sender<WalResult<AppendAck>>, Range<usize>)>,
-    )> {
+    ) -> Result<
+        (
+            Bytes,
+            Vec<(oneshot::Sender<WalResult<AppendAck>>, Range<usize>)>,
+        ),
+        (WalError, Vec<Pending>),
+    > {
         let generation = Some(group[0].generation);
-        let epoch = self.shared.epoch;
         let all: Vec<RecordBatch> = group
             .iter()
             .flat_map(|p| p.batches.iter().cloned())
             .collect();
-        let (bytes, group) = match encode_entry(epoch, generation, &all) {
-            Ok(bytes) => (bytes, group),
-            Err(_) => {
-                // Isolate the appends that do not encode; keep the rest together.
-                let mut good = Vec::new();
-                for p in group {
-                    match encode_entry(epoch, generation, &p.batches) {
-                        Ok(_) => good.push(p),
-                        Err(e) => drop(p.tx.send(Err(e))),
-                    }
-                }
-                let all: Vec<RecordBatch> = good
-                    .iter()
-                    .flat_map(|p| p.batches.iter().cloned())
-                    .collect();
-                match encode_entry(epoch, generation, &all) {
-                    Ok(bytes) => (bytes, good),
-                    Err(e) => {
-                        for p in good {
-                            let _ = p.tx.send(Err(e.clone()));
-                        }
-                        return None;
-                    }
-                }
+        let bytes = match encode_entry(self.shared.epoch, generation, &all) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let reason = match e {
+                    WalError::InvalidInput { reason } => reason,
+                    other => other.to_string(),
+                };
+                let err = WalError::Unencodable {
+                    shard: self.shared.shard,
+                    position: self.next,
+                    reason,
+                };
+                return Err((err, group));
             }
         };
         let mut offset = 0;
@@ -261,7 +271,7 @@ impl CommitTask {
                 (p.tx, range)
             })
             .collect();
-        Some((bytes, waiters))
+        Ok((bytes, waiters))
     }
 
     /// PUT-if-not-exists at the next position; returns the position used.
@@ -285,11 +295,16 @@ impl CommitTask {
                 Ok(CreateOutcome::Conflict(found)) => {
                     self.collision(position, &found).await?;
                     tracing::info!(position, "stepped over a fence sentinel of an older writer");
-                    self.next += 1;
+                    self.next = self.position_after(position)?;
                 }
-                // Any failure may hide a landed write of ours: retries ran
-                // out, or a collision on a retry could not be read back.
-                // Never report such an append as plainly failed.
+                // A definite refusal of the first attempt: nothing was
+                // written, and the appends say so (not "may be durable").
+                Err(e @ StoreError::Request { .. }) => return Err(e.into()),
+                // Every other failure may hide a landed write of ours:
+                // retries ran out, a refusal followed an attempt that may
+                // have landed, a collision on a retry could not be read
+                // back, an fsync failed. Never report such an append as
+                // plainly failed.
                 Err(e) => {
                     return Err(WalError::OutcomeUnknown {
                         shard: self.shared.shard,
@@ -300,6 +315,17 @@ impl CommitTask {
                 }
             }
         }
+    }
+
+    /// The position after `position`; [`WalError::Corrupt`] at `u64::MAX`
+    /// (only a stray or corrupt object can put the WAL there).
+    fn position_after(&self, position: u64) -> WalResult<u64> {
+        position.checked_add(1).ok_or_else(|| WalError::Corrupt {
+            shard: self.shared.shard,
+            position,
+            path: self.loc.path(position).to_string(),
+            reason: "no WAL position follows the last possible one (u64::MAX)".into(),
+        })
     }
 
     /// Explains another object at our next position. Our bytes are not
@@ -363,6 +389,7 @@ impl CommitTask {
             WalError::Sealed { .. } => "sealed",
             WalError::OutcomeUnknown { .. } => "outcome_unknown",
             WalError::EpochConflict { .. } => "epoch_conflict",
+            WalError::Unencodable { .. } => "unencodable",
             _ => "other",
         };
         metrics::counter!("memwal_wal_appender_poisoned_total", "reason" => kind).increment(1);

@@ -94,11 +94,26 @@ pub enum WalError {
         path: String,
     },
     /// The caller passed something unusable (empty append, batches with
-    /// different schemas, a generation that does not grow, a batch arrow
-    /// cannot encode). Nothing was written.
+    /// different schemas, a generation that does not grow). Nothing was
+    /// written and the appender goes on.
     #[error("invalid WAL input: {reason}")]
     InvalidInput {
         /// What was wrong.
+        reason: String,
+    },
+    /// Arrow could not encode the appends grouped for the entry at
+    /// `position` as an IPC stream. Nothing was written at or after it, and
+    /// the appender is poisoned: the caller may already hold those rows in
+    /// memory, so every pending and later append and generation switch
+    /// fails with this error rather than letting later entries (or a
+    /// generation switch that publishes) follow rows that were never logged.
+    #[error("WAL entry {position} of shard {shard} could not be encoded, nothing was written and the appender is stopped: {reason}")]
+    Unencodable {
+        /// The shard.
+        shard: ShardId,
+        /// The position the entry would have taken.
+        position: u64,
+        /// What arrow reported.
         reason: String,
     },
     /// The fence sentinel kept colliding with entries landing ahead of it.

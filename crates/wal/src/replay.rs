@@ -63,8 +63,11 @@ impl ReplayRange {
 ///   it with [`WalError::Fenced`];
 /// - a generation that goes backwards along positions ends it with
 ///   [`WalError::Corrupt`] (each generation is one contiguous run);
-/// - sentinels, entries without rows, and entries whose generation is below
-///   `min_generation` are skipped; everything else is yielded once;
+/// - sentinels, entries without rows (no batches, or only 0-row batches,
+///   which upstream may write), and entries whose generation is below
+///   `min_generation` are skipped; everything else is yielded once, with
+///   its batches as stored (a yielded entry may still hold 0-row batches
+///   next to others);
 /// - nothing is yielded after the first error.
 ///
 /// Up to `prefetch` (at least 1) entries are fetched concurrently ahead of
@@ -158,7 +161,7 @@ impl ReplayState {
         let published = entry
             .generation
             .is_some_and(|g| g < self.range.min_generation);
-        if entry.is_sentinel || entry.batches.is_empty() || published {
+        if entry.is_sentinel || entry.num_rows() == 0 || published {
             metrics::counter!("memwal_wal_replay_skipped_total").increment(1);
             return Ok(None);
         }

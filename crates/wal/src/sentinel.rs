@@ -25,8 +25,9 @@ const MAX_COLLISIONS: u32 = 1024;
 /// - by an entry of a lower epoch (the predecessor, whose PUT raced ours):
 ///   that entry will be replayed; the sentinel moves on to the next free slot.
 ///
-/// Guarantees once it returns `Ok(s)`: every position below `s` is filled
-/// and will not change, and a predecessor writing in order at any position
+/// Guarantees once it returns `Ok(s)`: `s + 1` (the appender's first
+/// position) does not overflow; every position below `s` is filled and will
+/// not change, and a predecessor writing in order at any position
 /// up to `s` collides (with the sentinel or an entry before it), reloads
 /// the manifest and learns it is fenced. A sentinel's bytes depend only on
 /// the epoch, so a retried PUT that had landed is recognised as ours.
@@ -98,15 +99,18 @@ pub async fn write_fence_sentinel(
     .await
 }
 
-/// The position after `tail`; an object at position `u64::MAX` (only a
-/// stray or corrupt one can be there) is reported, not overflowed.
+/// The sentinel position after `tail`, leaving room for the appender's
+/// first position (sentinel + 1): a tail at `u64::MAX - 1` or above (only a
+/// stray or corrupt object can be there) is reported, not overflowed.
 fn next_position(loc: &WalLocation, tail: u64) -> WalResult<u64> {
-    tail.checked_add(1).ok_or_else(|| WalError::Corrupt {
-        shard: loc.shard(),
-        position: tail,
-        path: loc.path(tail).to_string(),
-        reason: "an object sits at the last possible WAL position".into(),
-    })
+    tail.checked_add(1)
+        .filter(|p| p.checked_add(1).is_some())
+        .ok_or_else(|| WalError::Corrupt {
+            shard: loc.shard(),
+            position: tail,
+            path: loc.path(tail).to_string(),
+            reason: "an object sits at the last possible WAL positions".into(),
+        })
 }
 
 /// Seals the shard for a drop and fences its WAL: [`ManifestStore::seal`]

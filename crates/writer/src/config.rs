@@ -1,25 +1,49 @@
 //! Writer configuration and its validation.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use memwal_fencing::ShardIdentity;
 use memwal_proto::ShardingSpec;
 use memwal_store::RetryPolicy;
 
 use crate::{Error, Result};
 
-/// The sharding spec a shard belongs to and the shard's identity under it.
+/// Which shard of the table's sharding a writer owns (and, for a table
+/// without a `__lance_mem_wal` index, the spec to route by).
 ///
-/// Every row written is checked against it (`ShardRouter::check_batch`):
-/// a row that maps to another shard is refused with
-/// [`Error::InvalidInput`]. `identity.spec_id` must equal `spec.spec_id`
-/// and `identity` must hold a value for every field of the spec.
-#[derive(Debug, Clone, PartialEq)]
+/// Every row written is checked against the shard's field values: a row
+/// that maps to another shard is refused with [`Error::InvalidInput`].
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ShardingConfig {
-    /// The table's sharding spec (spec_id >= 1).
-    pub spec: ShardingSpec,
-    /// This shard's field values under it.
-    pub identity: ShardIdentity,
+    /// The spec rows are routed by. `None`: the spec the table's MemWAL
+    /// index declares. On a table with the index a given spec must equal
+    /// the table's; on a table without it, it is the spec (spec_id >= 1).
+    pub spec: Option<ShardingSpec>,
+    /// This shard's field values: raw little-endian Arrow scalar bytes by
+    /// shard field id (upstream's bucket shards: `{"bucket": i32 LE}`).
+    /// Empty: the values the shard's manifest records (implied for an
+    /// `unsharded` spec, which has one shard). Given for an existing shard
+    /// that records values, they must be equal.
+    pub field_values: BTreeMap<String, Vec<u8>>,
+}
+
+impl ShardingConfig {
+    /// The shard with `values` under the table's spec.
+    pub fn with_values(values: impl IntoIterator<Item = (String, Vec<u8>)>) -> Self {
+        Self {
+            spec: None,
+            field_values: values.into_iter().collect(),
+        }
+    }
+
+    /// The shard with `values` under `spec` (for tables without a MemWAL
+    /// index, or to assert the table's spec).
+    pub fn with_spec(spec: ShardingSpec, values: impl IntoIterator<Item = (String, Vec<u8>)>) -> Self {
+        Self {
+            spec: Some(spec),
+            field_values: values.into_iter().collect(),
+        }
+    }
 }
 
 /// Settings of a [`crate::ShardWriter`]. [`Default`] gives the documented
@@ -27,9 +51,17 @@ pub struct ShardingConfig {
 /// anything is touched in storage.
 #[derive(Debug, Clone)]
 pub struct ShardWriterConfig {
-    /// `None` (default): a manual shard (spec 0, no field values), rows are
-    /// not routed. `Some`: a shard of a sharding spec; rows are checked.
+    /// `None` (default): the table decides: the spec its MemWAL index
+    /// declares and the field values the shard records (or implies, for
+    /// `unsharded`); a table without the index gets manual shards (spec 0,
+    /// rows not routed). `Some`: narrows or, without the index, sets it
+    /// (see [`ShardingConfig`]).
     pub sharding: Option<ShardingConfig>,
+    /// Apply the `writer_config_defaults` of the table's MemWAL index to
+    /// every setting still at its built-in [`Default`] value (settings
+    /// changed from the default always win). Default true. The mapping of
+    /// keys is documented on [`ShardWriterConfig::apply_table_defaults`].
+    pub use_table_defaults: bool,
     /// Create the shard (manifest version 1) when it does not exist yet.
     /// Default true; when false a missing shard fails `open` with
     /// [`Error::InvalidInput`].
@@ -54,20 +86,29 @@ pub struct ShardWriterConfig {
     pub flush_concurrency: usize,
     /// Retry policy of every object-store request (manifest, WAL).
     pub retry: RetryPolicy,
-    /// Backoff between attempts of a failed SSTable write or publish
-    /// (retried until it succeeds, the writer is fenced or it is closed).
-    /// `max_attempts` bounds the attempts only while `open` flushes
-    /// replayed data (open then fails with the last error).
+    /// Backoff between attempts of a failed SSTable write or publish.
+    /// Transient failures are retried until they pass, the writer is
+    /// fenced (the fence is re-checked every third failure) or stopped;
+    /// deterministic failures make the writer terminal at once.
+    /// `max_attempts` bounds the attempts while `open` flushes replayed
+    /// data (open then fails with the last error) and while closing.
     pub flush_retry: RetryPolicy,
     /// How long a put waits for room under backpressure before failing
     /// with [`Error::Backpressure`]. Default 30 s.
     pub backpressure_timeout: Duration,
+    /// Upper bound on how long [`crate::ShardWriter::close`] spends
+    /// flushing and draining before it stops anyway (rows not yet
+    /// published stay in the WAL for the next writer). While closing,
+    /// failed SSTable writes and publishes get at most
+    /// `flush_retry.max_attempts` attempts. Default 60 s.
+    pub close_timeout: Duration,
 }
 
 impl Default for ShardWriterConfig {
     fn default() -> Self {
         Self {
             sharding: None,
+            use_table_defaults: true,
             create_if_missing: true,
             memtable_max_bytes: 64 << 20,
             memtable_max_rows: 1_000_000,
@@ -82,6 +123,7 @@ impl Default for ShardWriterConfig {
                 max_backoff: Duration::from_secs(10),
             },
             backpressure_timeout: Duration::from_secs(30),
+            close_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -115,36 +157,20 @@ impl ShardWriterConfig {
         if self.flush_concurrency == 0 {
             return bad("flush_concurrency must be >= 1".into());
         }
+        if self.close_timeout.is_zero() {
+            return bad("close_timeout must be > 0".into());
+        }
         if self.max_unflushed_age == Some(Duration::ZERO) {
             return bad("max_unflushed_age must be > 0 (or None)".into());
         }
-        if let Some(s) = &self.sharding {
-            if s.spec.spec_id == 0 {
+        if let Some(ShardingConfig {
+            spec: Some(spec), ..
+        }) = &self.sharding
+        {
+            if spec.spec_id == 0 {
                 return bad("a sharding spec has spec_id >= 1 (0 is a manual shard)".into());
-            }
-            if s.identity.spec_id != s.spec.spec_id {
-                return bad(format!(
-                    "shard identity has spec_id {}, the spec is {}",
-                    s.identity.spec_id, s.spec.spec_id
-                ));
-            }
-            for f in &s.spec.fields {
-                if !s.identity.field_values.contains_key(&f.field_id) {
-                    return bad(format!(
-                        "shard identity has no value for shard field `{}`",
-                        f.field_id
-                    ));
-                }
             }
         }
         Ok(())
-    }
-
-    /// The identity the shard is created with / must have.
-    pub(crate) fn identity(&self) -> ShardIdentity {
-        self.sharding
-            .as_ref()
-            .map(|s| s.identity.clone())
-            .unwrap_or_else(ShardIdentity::manual)
     }
 }

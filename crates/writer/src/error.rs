@@ -7,6 +7,7 @@ use memwal_memtable::MemTableError;
 use memwal_sharding::ShardingError;
 use memwal_sstable::SsTableError;
 use memwal_store::StoreError;
+use memwal_table::TableError;
 use memwal_wal::WalError;
 
 /// Result alias for [`Error`].
@@ -74,6 +75,10 @@ pub enum Error {
     Storage {
         /// What was being done.
         context: String,
+        /// Whether the failure may pass if tried again (a timeout, a 5xx,
+        /// a commit conflict), as opposed to a definite refusal or a
+        /// deterministic failure (permission denied, invalid data).
+        transient: bool,
         /// The underlying error.
         #[source]
         source: Source,
@@ -126,8 +131,10 @@ impl Error {
         context: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
+        let transient = crate::transient::is_transient(&source);
         Self::Storage {
             context: context.into(),
+            transient,
             source: Arc::new(source),
         }
     }
@@ -208,11 +215,19 @@ impl Error {
                 reason: format!("{context}: {e}"),
             },
             e @ WalError::InvalidInput { .. } => Self::invalid(format!("{context}: {e}")),
+            // Validated rows that arrow cannot encode: nothing was written,
+            // and the appender is poisoned (the writer is terminal).
+            e @ WalError::Unencodable { .. } => Self::Storage {
+                context: context.into(),
+                transient: false,
+                source: Arc::new(e),
+            },
             WalError::Closed => Self::closed(format!("{context}: WAL appender is closed")),
             WalError::Fencing(f) => match Arc::try_unwrap(f) {
                 Ok(f) => Self::from_fencing(f, context),
                 Err(f) => Self::Storage {
                     context: context.into(),
+                    transient: crate::transient::is_transient(f.as_ref()),
                     source: f,
                 },
             },
@@ -228,6 +243,19 @@ impl Error {
     /// Maps a sharding error (a row of another shard, or an unusable spec).
     pub(crate) fn from_sharding(e: ShardingError) -> Self {
         Self::invalid(e.to_string())
+    }
+
+    /// Maps a base-table error (opening the table, reading its MemWAL index).
+    pub(crate) fn from_table(e: TableError) -> Self {
+        match e {
+            e @ (TableError::NotFound { .. } | TableError::Unsupported { .. }) => {
+                Self::invalid(e.to_string())
+            }
+            e @ TableError::Corrupt { .. } => Self::Corrupt {
+                reason: e.to_string(),
+            },
+            e @ TableError::Read { .. } => Self::storage("opening the base table", e),
+        }
     }
 
     /// Maps an SSTable error seen while doing `context`.

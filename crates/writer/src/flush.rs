@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use memwal_fencing::{ManifestStore, ShardManifest};
+use memwal_fencing::{FencingError, ManifestStore, ShardManifest};
 use memwal_memtable::{FlushData, FrozenMemTable, TableSchema};
 use memwal_sstable::{SsTableWriter, WrittenSsTable};
 use memwal_store::RetryPolicy;
@@ -54,26 +54,53 @@ impl FlushCtx {
             })
     }
 
-    /// One manifest update publishing `written` as generation `generation`,
-    /// covering WAL positions up to `last_position`. Idempotent: a
-    /// generation already listed is not added again; the cursor,
-    /// `current_generation` and the WAL hint only move forward.
+    /// One manifest update publishing `written` as generation `generation`
+    /// (`None`: a generation that holds no rows, which only moves the
+    /// cursor and the generation counter), covering WAL positions up to
+    /// `last_position`. Idempotent: a generation already listed is not
+    /// added again; the cursor, `current_generation` and the WAL hint only
+    /// move forward. Refuses ([`Error::Corrupt`]) a generation that is not
+    /// the manifest's `current_generation` (`in_order`, the live path) or
+    /// is below it (replay, which may skip numbers another writer left).
     pub(crate) async fn publish(
         &self,
         generation: u64,
-        written: &WrittenSsTable,
+        written: Option<&WrittenSsTable>,
         last_position: u64,
         last_seen: u64,
+        in_order: bool,
     ) -> Result<ShardManifest> {
         let span = tracing::info_span!("publish", generation, last_position);
+        let next_generation = generation.checked_add(1).ok_or_else(|| Error::Corrupt {
+            reason: format!("generation {generation} cannot be followed"),
+        })?;
+        let manifest_dir = self.manifests.layout().manifest_dir().to_string();
         self.manifests
             .update(self.epoch, |m| {
-                if !m.sstables.iter().any(|s| s.generation == generation) {
-                    m.sstables.push(written.sstable.clone());
+                let listed = m.sstables.iter().any(|s| s.generation == generation);
+                if !listed {
+                    let out_of_order = if in_order {
+                        m.current_generation != generation
+                    } else {
+                        m.current_generation > generation
+                    };
+                    if out_of_order {
+                        return Err(FencingError::Corrupt {
+                            path: manifest_dir.clone(),
+                            reason: format!(
+                                "publishing generation {generation}, but the manifest's \
+                                 current_generation is {}: generations publish strictly in order",
+                                m.current_generation
+                            ),
+                        });
+                    }
+                    if let Some(w) = written {
+                        m.sstables.push(w.sstable.clone());
+                    }
                 }
                 m.replay_after_wal_entry_position =
                     m.replay_after_wal_entry_position.max(last_position);
-                m.current_generation = m.current_generation.max(generation + 1);
+                m.current_generation = m.current_generation.max(next_generation);
                 m.wal_entry_position_last_seen = m
                     .wal_entry_position_last_seen
                     .max(last_seen)
@@ -86,20 +113,55 @@ impl FlushCtx {
     }
 }
 
-/// Whether a flush/publish failure is worth retrying (the writer is not
-/// fenced, sealed, closed or looking at inconsistent state).
+/// Whether a flush/publish failure is worth retrying (a transient storage
+/// failure, or a manifest write whose outcome is unknown: the update is
+/// idempotent). Fenced, sealed, closed, corrupt and deterministic failures
+/// are not.
 fn retryable(e: &Error) -> bool {
     matches!(
         e,
-        Error::Storage { .. } | Error::OutcomeUnknown { .. } | Error::Backpressure { .. }
+        Error::Storage {
+            transient: true,
+            ..
+        } | Error::OutcomeUnknown { .. }
     )
 }
 
-fn note_flush_error(inner: &Inner, err: &Error) {
+/// After this many failed attempts in a row (and every as many after),
+/// the manifest is read to learn whether a newer writer took the shard.
+const FENCE_CHECK_EVERY: u32 = 3;
+
+/// Decides what follows failed attempt number `attempt` of `what`: `Ok`
+/// to try again (after the backoff), `Err` to give up with that error.
+/// Gives up on a non-retryable error, once the writer stops, once the
+/// shard turns out fenced, and, while closing, after
+/// `flush_retry.max_attempts` attempts.
+async fn after_failure(inner: &Inner, err: Error, attempt: u32) -> Result<()> {
+    if !retryable(&err) {
+        return Err(err);
+    }
     metrics::counter!(names::FLUSH_ERRORS).increment(1);
-    tracing::warn!(shard = %inner.shard, error = %err, "flush attempt failed; retrying");
+    tracing::warn!(shard = %inner.shard, error = %err, attempt, "flush attempt failed");
     inner.state.lock().last_flush_error = Some(err.to_string());
     inner.bump_progress();
+    let retry = &inner.config.flush_retry;
+    if inner.closing.load(Ordering::SeqCst) && attempt >= retry.attempts() {
+        return Err(err);
+    }
+    if attempt % FENCE_CHECK_EVERY == 0 {
+        match inner.ctx.manifests.check_fenced(inner.epoch).await {
+            Ok(_) => {}
+            Err(e @ (FencingError::Fenced { .. } | FencingError::Sealed { .. })) => {
+                return Err(Error::from_fencing(e, "checking the fence after failed flushes"))
+            }
+            Err(e) => tracing::warn!(shard = %inner.shard, error = %e, "fence check failed"),
+        }
+    }
+    if backoff(inner, retry, attempt).await {
+        Ok(())
+    } else {
+        Err(Error::closed("the writer stopped"))
+    }
 }
 
 /// Waits the backoff for `attempt`, or returns false when the writer stops.
@@ -136,13 +198,7 @@ pub(crate) async fn job(
             attempt += 1;
             match inner.ctx.write(generation, &data).await {
                 Ok(w) => break w,
-                Err(e) if retryable(&e) => {
-                    note_flush_error(&inner, &e);
-                    if !backoff(&inner, &inner.config.flush_retry, attempt).await {
-                        return Err(Error::closed("the writer stopped"));
-                    }
-                }
-                Err(e) => return Err(e),
+                Err(e) => after_failure(&inner, e, attempt).await?,
             }
         }
     };
@@ -156,6 +212,16 @@ pub(crate) async fn job(
 /// once written, so generation g+1 is never published while g is not.
 /// Any non-retryable failure makes the writer terminal.
 pub(crate) async fn flusher(inner: Arc<Inner>, mut jobs: UnboundedReceiver<Job>) {
+    run_flusher(&inner, &mut jobs).await;
+    // Stopping: no job may outlive the writer. The writer is terminal, so
+    // its job sender is gone; every job ever queued is in the channel.
+    while let Some(job) = jobs.recv().await {
+        job.handle.abort();
+        let _ = job.handle.await;
+    }
+}
+
+async fn run_flusher(inner: &Arc<Inner>, jobs: &mut UnboundedReceiver<Job>) {
     let mut shutdown = inner.shutdown.subscribe();
     loop {
         let mut job = tokio::select! {
@@ -163,8 +229,13 @@ pub(crate) async fn flusher(inner: Arc<Inner>, mut jobs: UnboundedReceiver<Job>)
             _ = shutdown.wait_for(|s| *s) => return,
         };
         let out = tokio::select! {
-            r = &mut job.handle => r,
-            _ = shutdown.wait_for(|s| *s) => { job.handle.abort(); return }
+            r = &mut job.handle => Some(r),
+            _ = shutdown.wait_for(|s| *s) => None,
+        };
+        let Some(out) = out else {
+            job.handle.abort();
+            let _ = job.handle.await;
+            return;
         };
         let (last_position, written) = match out {
             Ok(Ok(o)) => o,
@@ -179,7 +250,7 @@ pub(crate) async fn flusher(inner: Arc<Inner>, mut jobs: UnboundedReceiver<Job>)
                 })
             }
         };
-        if let Err(e) = publish_in_order(&inner, job.generation, &written, last_position).await {
+        if let Err(e) = publish_in_order(inner, job.generation, &written, last_position).await {
             return inner.fail(e);
         }
     }
@@ -207,7 +278,7 @@ async fn publish_in_order(
         };
         match inner
             .ctx
-            .publish(generation, written, last_position, last_seen)
+            .publish(generation, Some(written), last_position, last_seen, true)
             .await
         {
             Ok(m) => {
@@ -229,13 +300,7 @@ async fn publish_in_order(
                 inner.bump_progress();
                 return Ok(());
             }
-            Err(e) if retryable(&e) => {
-                note_flush_error(inner, &e);
-                if !backoff(inner, &inner.config.flush_retry, attempt).await {
-                    return Err(Error::closed("the writer stopped"));
-                }
-            }
-            Err(e) => return Err(e),
+            Err(e) => after_failure(inner, e, attempt).await?,
         }
     }
 }

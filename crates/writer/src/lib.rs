@@ -32,6 +32,8 @@ mod flush;
 mod freeze;
 mod open;
 mod put;
+mod resolve;
+mod transient;
 pub mod stats;
 mod writer;
 

@@ -1,19 +1,15 @@
 //! Opening a writer: validate -> claim -> fence sentinel -> replay ->
 //! start the WAL appender and the background tasks.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::AtomicU64;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
-use arrow_schema::{Field, Schema};
 use futures::StreamExt;
-use lance::dataset::builder::DatasetBuilder;
-use memwal_fencing::{ManifestStore, ShardId, ShardIdentity, ShardManifest};
-use memwal_memtable::{
-    MemTable, TableSchema, FIELD_ID_KEY, PRIMARY_KEY_KEY, PRIMARY_KEY_POSITION_KEY,
-};
-use memwal_sharding::ShardRouter;
-use memwal_sstable::{LanceFileVersion, LanceStore, SsTableWriter};
+use memwal_fencing::{ManifestStore, ShardId, ShardManifest};
+use memwal_memtable::{MemTable, TableSchema};
+use memwal_sstable::{LanceStore, SsTableWriter};
+use memwal_table::BaseTable;
 use memwal_store::{open_store, StoreLocation};
 use memwal_wal::{
     replay, write_fence_sentinel, ReplayRange, WalAppender, WalConfig, WalLocation,
@@ -25,6 +21,7 @@ use tracing::Instrument;
 
 use crate::config::ShardWriterConfig;
 use crate::flush::FlushCtx;
+use crate::resolve::{resolve_sharding, ResolvedSharding};
 use crate::stats::names;
 use crate::writer::{Inner, ShardWriter, State};
 use crate::{Error, Result};
@@ -66,45 +63,6 @@ impl TableLocation {
     }
 }
 
-/// The base table's schema (Arrow, with `lance:field_id` on every column
-/// and the primary-key metadata) and its data storage version.
-pub(crate) async fn load_base_table(
-    lance: &LanceStore,
-    root: &object_store::path::Path,
-) -> Result<(Schema, LanceFileVersion)> {
-    let uri = lance.uri(root);
-    let ds = DatasetBuilder::from_uri(&uri)
-        .with_session(lance.session().clone())
-        .load()
-        .await
-        .map_err(|e| Error::storage(format!("opening the base table at `{root}`"), e))?;
-    let fields: Vec<Field> = ds
-        .schema()
-        .fields
-        .iter()
-        .map(|f| {
-            let mut md: HashMap<String, String> = f.metadata.clone();
-            md.insert(FIELD_ID_KEY.to_string(), f.id.to_string());
-            if let Some(pos) = f.unenforced_primary_key_position {
-                md.entry(PRIMARY_KEY_KEY.to_string())
-                    .or_insert_with(|| "true".to_string());
-                if pos > 0 {
-                    md.entry(PRIMARY_KEY_POSITION_KEY.to_string())
-                        .or_insert_with(|| pos.to_string());
-                }
-            }
-            Field::from(f).with_metadata(md)
-        })
-        .collect();
-    let schema = Schema::new_with_metadata(fields, ds.schema().metadata.clone());
-    let version = ds
-        .manifest()
-        .data_storage_format
-        .lance_file_format()
-        .to_selector();
-    Ok((schema, version))
-}
-
 /// A generation being rebuilt from the WAL.
 struct Rebuild {
     generation: u64,
@@ -131,19 +89,15 @@ async fn open_inner(
     config.validate()?;
     let loc = table.resolve()?;
     let lance = LanceStore::new(loc.store.clone());
-    let (arrow, storage_version) = load_base_table(&lance, &loc.root).await?;
+    let base = BaseTable::load(&lance, &loc.root)
+        .await
+        .map_err(Error::from_table)?;
+    let config = config.apply_table_defaults(base.writer_config_defaults())?;
+    let storage_version = base.storage_version;
     let schema = Arc::new(
-        TableSchema::new(Arc::new(arrow))
+        TableSchema::new(base.schema.clone())
             .map_err(|e| Error::invalid(format!("base table schema: {e}")))?,
     );
-    let router = match &config.sharding {
-        Some(s) => Some((
-            ShardRouter::new(&s.spec, schema.table_schema()).map_err(Error::from_sharding)?,
-            s.identity.field_values.clone(),
-        )),
-        None => None,
-    };
-    let identity = config.identity();
     let manifests = Arc::new(ManifestStore::new(
         loc.store.clone(),
         &loc.root,
@@ -154,20 +108,13 @@ async fn open_inner(
         .load_latest()
         .await
         .map_err(|e| Error::from_fencing(e, "loading the shard manifest"))?;
-    match &existing {
-        None if !config.create_if_missing => {
-            return Err(Error::invalid(format!(
-                "shard {shard} does not exist and create_if_missing is false"
-            )))
-        }
-        Some(m) if ShardIdentity::of_manifest(m) != identity => {
-            return Err(Error::invalid(format!(
-                "shard {shard} was created with {:?}, the config gives {identity:?}",
-                ShardIdentity::of_manifest(m)
-            )))
-        }
-        _ => {}
+    if existing.is_none() && !config.create_if_missing {
+        return Err(Error::invalid(format!(
+            "shard {shard} does not exist and create_if_missing is false"
+        )));
     }
+    let ResolvedSharding { identity, router } =
+        resolve_sharding(&config, &base, &schema, shard, existing.as_ref())?;
 
     // 2. Claim and fence.
     let claim = manifests
@@ -234,6 +181,8 @@ async fn open_inner(
         manifest: Mutex::new(manifest),
         progress: watch::channel(0).0,
         shutdown: watch::channel(false).0,
+        closing: AtomicBool::new(false),
+        close_result: tokio::sync::Mutex::new(None),
         tasks: Mutex::new(Vec::new()),
         puts: AtomicU64::new(0),
         rows: AtomicU64::new(0),
@@ -296,13 +245,16 @@ async fn replay_wal(
             first_position: entry.position,
             last_position: entry.position,
         });
-        for batch in &entry.batches {
-            let storage = ctx.schema.to_storage(batch).map_err(|e| Error::Corrupt {
-                reason: format!(
-                    "WAL entry {} does not fit the table schema: {e}",
-                    entry.position
-                ),
-            })?;
+        for batch in entry.batches.iter().filter(|b| b.num_rows() > 0) {
+            let storage = ctx
+                .schema
+                .to_storage_for_replay(batch)
+                .map_err(|e| Error::Corrupt {
+                    reason: format!(
+                        "WAL entry {} does not fit the table schema: {e}",
+                        entry.position
+                    ),
+                })?;
             rebuild
                 .memtable
                 .insert(&storage)
@@ -311,12 +263,15 @@ async fn replay_wal(
                 })?;
         }
         rebuild.last_position = entry.position;
-        let bytes = rebuild.memtable.memory_usage().total();
+        // The live path keeps every generation's payload within
+        // `memtable_max_bytes` (<= `max_unflushed_bytes`), so what this
+        // writer's config acknowledged always replays under it.
+        let bytes = rebuild.memtable.memory_usage().payload_bytes;
         if bytes > config.max_unflushed_bytes {
             return Err(Error::Backpressure {
                 reason: format!(
-                    "replay: recorded generation {} (WAL positions {}..={}) needs {bytes} bytes \
-                     in memory, more than max_unflushed_bytes {}; a generation is rebuilt whole, \
+                    "replay: recorded generation {} (WAL positions {}..={}) holds {bytes} bytes \
+                     of rows, more than max_unflushed_bytes {}; a generation is rebuilt whole, \
                      so raise max_unflushed_bytes to open this shard",
                     rebuild.generation,
                     rebuild.first_position,
@@ -334,20 +289,33 @@ async fn replay_wal(
 }
 
 /// Writes and publishes one replayed generation, retrying failed SSTable
-/// writes up to `flush_retry.max_attempts` times.
+/// writes up to `flush_retry.max_attempts` times. A generation whose
+/// entries held no rows gets no SSTable: only the cursor moves past it.
 async fn publish_replayed(
     ctx: &FlushCtx,
     config: &ShardWriterConfig,
     done: Rebuild,
     sentinel: u64,
 ) -> Result<ShardManifest> {
+    if done.memtable.is_empty() {
+        // Entries without rows: move the cursor and the counter past them.
+        tracing::debug!(generation = done.generation, "replayed generation holds no rows");
+        let m = ctx
+            .publish(done.generation, None, done.last_position, sentinel, false)
+            .await?;
+        return Ok(m);
+    }
     let data = done.memtable.freeze().flush_data();
     let mut attempt = 0;
     let written = loop {
         attempt += 1;
         match ctx.write(done.generation, &data).await {
             Ok(w) => break w,
-            Err(e @ Error::Storage { .. }) if attempt < config.flush_retry.attempts() => {
+            Err(
+                e @ Error::Storage {
+                    transient: true, ..
+                },
+            ) if attempt < config.flush_retry.attempts() => {
                 tracing::warn!(error = %e, attempt, "replayed generation flush failed; retrying");
                 config.flush_retry.backoff(attempt).await;
             }
@@ -355,7 +323,13 @@ async fn publish_replayed(
         }
     };
     let m = ctx
-        .publish(done.generation, &written, done.last_position, sentinel)
+        .publish(
+            done.generation,
+            Some(&written),
+            done.last_position,
+            sentinel,
+            false,
+        )
         .await?;
     tracing::info!(
         generation = done.generation,

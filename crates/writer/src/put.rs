@@ -114,6 +114,14 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
     let span = tracing::debug_span!("append", rows = storage.num_rows());
     async {
         let started = Instant::now();
+        let bytes = batch_payload_bytes(&storage);
+        if bytes > inner.config.memtable_max_bytes {
+            return Err(Error::invalid(format!(
+                "a put holds {bytes} bytes of rows, more than the per-put maximum \
+                 memtable_max_bytes = {} (one generation must fit within it): split the batch",
+                inner.config.memtable_max_bytes
+            )));
+        }
         let deadline = tokio::time::Instant::now() + inner.config.backpressure_timeout;
         let mut progress = inner.progress.subscribe();
         let mut waited = false;
@@ -122,13 +130,13 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
                 let mut st = inner.state.lock();
                 st.check_usable()?;
                 if st.unflushed_bytes() < inner.config.max_unflushed_bytes {
-                    let ticket = append_locked(inner, &mut st, &storage)?;
+                    let ticket = append_locked(inner, &mut st, &storage, bytes)?;
                     inner.record_unflushed(&st);
                     return Ok(PutHandle {
                         ticket,
                         inner: inner.clone(),
                         rows: storage.num_rows(),
-                        bytes: batch_payload_bytes(&storage),
+                        bytes,
                         started,
                     });
                 }
@@ -158,11 +166,23 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
 /// order of submits is the memtable's insert order. A failure after the
 /// submit makes the writer terminal, so rows in the memtable that were
 /// never acknowledged can never be published.
+///
+/// A put whose `bytes` of rows would take the active generation past
+/// `memtable_max_bytes` freezes it first, so every generation's rows fit
+/// within `memtable_max_bytes` (<= `max_unflushed_bytes`) and replay under
+/// the same config never refuses what was acknowledged.
 fn append_locked(
     inner: &Arc<Inner>,
     st: &mut State,
     storage: &RecordBatch,
+    bytes: usize,
 ) -> Result<AppendTicket> {
+    let active_payload = st.active.memory_usage().payload_bytes;
+    if !st.active.is_empty()
+        && active_payload.saturating_add(bytes) > inner.config.memtable_max_bytes
+    {
+        crate::freeze::freeze_locked(inner, st, "bytes")?;
+    }
     let Some(appender) = st.appender.as_ref() else {
         return Err(st
             .terminal

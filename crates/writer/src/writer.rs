@@ -1,7 +1,7 @@
 //! [`ShardWriter`]: the public handle, and the state its tasks share.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -81,6 +81,10 @@ pub(crate) struct Inner {
     pub progress: watch::Sender<u64>,
     /// Set once: every background task stops.
     pub shutdown: watch::Sender<bool>,
+    /// Set when `close` starts: flush retries become bounded.
+    pub closing: AtomicBool,
+    /// One close at a time; holds the outcome of the finished one.
+    pub close_result: tokio::sync::Mutex<Option<Result<()>>>,
     pub flush_permits: Arc<Semaphore>,
     pub tasks: Mutex<Vec<JoinHandle<()>>>,
     pub puts: AtomicU64,
@@ -269,28 +273,59 @@ impl ShardWriter {
     /// Flushes and publishes everything acknowledged before the call, stops
     /// the background tasks and closes the WAL appender (appends racing the
     /// close are drained: if acknowledged they are durable in the WAL and
-    /// the next writer replays them). Later calls return [`Error::Closed`].
-    /// If the flush fails the writer stops anyway and that error is
-    /// returned (the rows stay in the WAL).
+    /// the next writer replays them). Later calls return [`Error::Closed`]
+    /// (or the error that stopped the writer first).
+    ///
+    /// Returns within `close_timeout` (plus the time to cancel background
+    /// work): a flush that cannot finish by then (or whose retries,
+    /// bounded while closing, run out) is abandoned, the writer stops
+    /// anyway and the error is returned; rows not published stay in the
+    /// WAL. Every background task, flush jobs included, has ended when it
+    /// returns. Concurrent calls wait for the first and return its outcome.
     pub async fn close(&self) -> Result<()> {
-        let flushed = self.flush().await;
-        let appender = {
-            let mut st = self.inner.state.lock();
-            st.appender.take()
+        let inner = &self.inner;
+        let mut outcome = inner.close_result.lock().await;
+        if let Some(done) = &*outcome {
+            return done.clone();
+        }
+        inner.closing.store(true, Ordering::SeqCst);
+        let limit = inner.config.close_timeout;
+        let deadline = tokio::time::Instant::now() + limit;
+        let flushed = match tokio::time::timeout_at(deadline, self.flush()).await {
+            Ok(r) => r,
+            Err(_) => {
+                let last = inner.state.lock().last_flush_error.clone();
+                Err(Error::storage(
+                    "closing the writer",
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "flushing did not finish within close_timeout {limit:?} (last flush \
+                             error: {}); unpublished rows stay in the WAL",
+                            last.as_deref().unwrap_or("none")
+                        ),
+                    ),
+                ))
+            }
         };
+        let appender = inner.state.lock().appender.take();
         let appender_closed = match appender {
-            Some(a) => a
-                .close()
-                .await
-                .map_err(|e| Error::from_wal(e, "closing the WAL appender")),
+            Some(a) => match tokio::time::timeout_at(deadline, a.close()).await {
+                Ok(r) => r.map_err(|e| Error::from_wal(e, "closing the WAL appender")),
+                // Dropping it stops the appender; a pending put reports an
+                // unknown outcome.
+                Err(_) => Ok(()),
+            },
             None => Ok(()),
         };
-        self.inner.fail(Error::closed("the writer was closed"));
-        let tasks: Vec<_> = std::mem::take(&mut *self.inner.tasks.lock());
+        inner.fail(Error::closed("the writer was closed"));
+        let tasks: Vec<_> = std::mem::take(&mut *inner.tasks.lock());
         for t in tasks {
             let _ = t.await;
         }
-        flushed.and(appender_closed)
+        let result = flushed.and(appender_closed);
+        *outcome = Some(result.clone());
+        result
     }
 
     /// Stops without flushing: background tasks are aborted and no new

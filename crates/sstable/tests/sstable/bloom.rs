@@ -43,6 +43,19 @@ fn our_bloom_hash_is_upstreams() {
             vec![ScalarValue::Binary(Some(vec![0, 1]))],
         ),
         (
+            vec![KeyValue::Int16(-2)],
+            vec![ScalarValue::Int16(Some(-2))],
+        ),
+        (vec![KeyValue::UInt8(9)], vec![ScalarValue::UInt8(Some(9))]),
+        (
+            vec![KeyValue::Utf8("large")],
+            vec![ScalarValue::LargeUtf8(Some("large".into()))],
+        ),
+        (
+            vec![KeyValue::Binary(b"large")],
+            vec![ScalarValue::LargeBinary(Some(b"large".to_vec()))],
+        ),
+        (
             vec![KeyValue::Utf8("t1"), KeyValue::Int64(3)],
             vec![
                 ScalarValue::Utf8(Some("t1".into())),
@@ -176,4 +189,59 @@ async fn a_filter_sized_for_100k_keys_meets_its_rate_at_100k_keys() {
         rate <= 2.0 * BLOOM_FPP,
         "false-positive rate {rate} > 2 x {BLOOM_FPP}"
     );
+}
+
+// Breaks if our reader stops trusting the bloom filter for key types both
+// writers hash by value (Int64 here): absent keys would no longer be
+// proven absent without an index probe; or if it trusts it for a UInt64
+// key, which upstream's writer hashes by its null flag alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bloom_absence_is_trusted_only_for_exact_key_types() {
+    let t = LocalTable::new();
+    let schema = int_schema();
+    let keys: Vec<i64> = (0..100).collect();
+    let w = t
+        .writer()
+        .write(
+            &schema,
+            1,
+            &flush(&schema, &[Op::Put(int_rows(&schema, &keys, 0))]),
+        )
+        .await
+        .unwrap();
+    let reader = SsTableReader::open_in(t.store.clone(), &t.layout, &w.dir_name, &schema)
+        .await
+        .unwrap();
+    let proven = (1000..1100)
+        .filter(|k| !reader.might_contain(&[KeyValue::Int64(*k)]))
+        .count();
+    assert!(
+        proven >= 90,
+        "only {proven} of 100 absent keys proven absent"
+    );
+
+    let t = LocalTable::new();
+    let schema = Arc::new(
+        memwal_memtable::TableSchema::new(Arc::new(arrow_schema::Schema::new(vec![field(
+            "k",
+            arrow_schema::DataType::UInt64,
+            0,
+            Some(1),
+        )])))
+        .unwrap(),
+    );
+    let batch = RecordBatch::try_new(
+        schema.table_schema().clone(),
+        vec![Arc::new(arrow_array::UInt64Array::from_iter_values(0..100)) as ArrayRef],
+    )
+    .unwrap();
+    let w = t
+        .writer()
+        .write(&schema, 1, &flush(&schema, &[Op::Put(batch)]))
+        .await
+        .unwrap();
+    let reader = SsTableReader::open_in(t.store.clone(), &t.layout, &w.dir_name, &schema)
+        .await
+        .unwrap();
+    assert!((1000..1100).all(|k| reader.might_contain(&[KeyValue::UInt64(k)])));
 }

@@ -346,3 +346,139 @@ async fn upstream_point_lookup_and_pk_index_composite() {
     ]);
     assert_eq!(upstream_contains(&t, &schema, &w, probe).await, want);
 }
+
+// Breaks if the bloom filter we write for a key type other than
+// Int32/Int64/Utf8/Binary does not hold the hash upstream's point lookup
+// probes with (fixed-size binary: upstream hashes the value's debug form,
+// so our filter must be saturated, not hold the bytes' hash): upstream would
+// skip our SSTable and miss a present key. Our own lookup must agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_point_lookup_finds_keys_of_other_types_we_wrote() {
+    use arrow_array::{
+        BooleanArray, Date32Array, FixedSizeBinaryArray, Int16Array, Int32Array, LargeBinaryArray,
+        LargeStringArray, UInt64Array,
+    };
+    use arrow_schema::DataType;
+    use memwal_memtable::KeyValue;
+    use memwal_sstable::{Lookup, SsTableReader};
+
+    let fixed = |v: &[&[u8]]| -> ArrayRef {
+        Arc::new(FixedSizeBinaryArray::try_from_iter(v.iter().copied()).unwrap())
+    };
+    type Case = (
+        ArrayRef,
+        Vec<ScalarValue>,
+        Vec<KeyValue<'static>>,
+        Vec<ScalarValue>,
+        Vec<KeyValue<'static>>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            Arc::new(UInt64Array::from(vec![0, 7, u64::MAX])),
+            [0, 7, u64::MAX]
+                .map(|v| ScalarValue::UInt64(Some(v)))
+                .to_vec(),
+            [0, 7, u64::MAX].map(KeyValue::UInt64).to_vec(),
+            vec![ScalarValue::UInt64(Some(1))],
+            vec![KeyValue::UInt64(1)],
+        ),
+        (
+            Arc::new(Int16Array::from(vec![-3, 300])),
+            [-3, 300].map(|v| ScalarValue::Int16(Some(v))).to_vec(),
+            [-3, 300].map(KeyValue::Int16).to_vec(),
+            vec![ScalarValue::Int16(Some(1))],
+            vec![KeyValue::Int16(1)],
+        ),
+        (
+            Arc::new(BooleanArray::from(vec![true])),
+            vec![ScalarValue::Boolean(Some(true))],
+            vec![KeyValue::Boolean(true)],
+            vec![ScalarValue::Boolean(Some(false))],
+            vec![KeyValue::Boolean(false)],
+        ),
+        (
+            Arc::new(LargeStringArray::from(vec!["", "a\0b"])),
+            ["", "a\0b"]
+                .map(|v| ScalarValue::LargeUtf8(Some(v.into())))
+                .to_vec(),
+            ["", "a\0b"].map(KeyValue::Utf8).to_vec(),
+            vec![ScalarValue::LargeUtf8(Some("a".into()))],
+            vec![KeyValue::Utf8("a")],
+        ),
+        (
+            Arc::new(LargeBinaryArray::from(vec![b"x".as_slice()])),
+            vec![ScalarValue::LargeBinary(Some(b"x".to_vec()))],
+            vec![KeyValue::Binary(b"x")],
+            vec![ScalarValue::LargeBinary(Some(b"y".to_vec()))],
+            vec![KeyValue::Binary(b"y")],
+        ),
+        (
+            fixed(&[b"abcd", b"wxyz"]),
+            [b"abcd", b"wxyz"]
+                .map(|v| ScalarValue::FixedSizeBinary(4, Some(v.to_vec())))
+                .to_vec(),
+            [b"abcd".as_slice(), b"wxyz".as_slice()]
+                .map(KeyValue::Binary)
+                .to_vec(),
+            vec![ScalarValue::FixedSizeBinary(4, Some(b"abce".to_vec()))],
+            vec![KeyValue::Binary(b"abce")],
+        ),
+        (
+            Arc::new(Date32Array::from(vec![19000, -1])),
+            [19000, -1].map(|v| ScalarValue::Date32(Some(v))).to_vec(),
+            [19000, -1].map(KeyValue::Date32).to_vec(),
+            vec![ScalarValue::Date32(Some(0))],
+            vec![KeyValue::Date32(0)],
+        ),
+    ];
+    for (keys, present, ours_present, absent, ours_absent) in cases {
+        let key_type: DataType = keys.data_type().clone();
+        let t = LocalTable::new();
+        let schema = Arc::new(
+            TableSchema::new(Arc::new(Schema::new(vec![
+                field("k", key_type.clone(), 0, Some(1)),
+                field("v", DataType::Int32, 1, None),
+            ])))
+            .unwrap(),
+        );
+        let n = keys.len();
+        let batch = RecordBatch::try_new(
+            schema.table_schema().clone(),
+            vec![keys, Arc::new(Int32Array::from_iter_values(0..n as i32))],
+        )
+        .unwrap();
+        let w = t
+            .writer()
+            .write(&schema, 1, &flush(&schema, &[Op::Put(batch)]))
+            .await
+            .unwrap();
+        let probes: Vec<Vec<ScalarValue>> = present
+            .iter()
+            .chain(&absent)
+            .map(|k| vec![k.clone()])
+            .collect();
+        let mut want = vec![true; present.len()];
+        want.extend(vec![false; absent.len()]);
+        assert_eq!(
+            found(&upstream_lookups(&t, &schema, &w, &probes).await),
+            want,
+            "{key_type}"
+        );
+        let reader = SsTableReader::open_in(t.store.clone(), &t.layout, &w.dir_name, &schema)
+            .await
+            .unwrap();
+        for k in &ours_present {
+            assert!(
+                matches!(reader.get(&[*k]).await.unwrap(), Lookup::Row(_)),
+                "{key_type}: {k:?}"
+            );
+        }
+        for k in &ours_absent {
+            assert_eq!(
+                reader.get(&[*k]).await.unwrap(),
+                Lookup::Absent,
+                "{key_type}: {k:?}"
+            );
+        }
+    }
+}

@@ -35,6 +35,28 @@ pub fn rows(ids: &[i64]) -> RecordBatch {
     .unwrap()
 }
 
+/// A batch with the schema of [`rows`] that arrow cannot encode as IPC: its
+/// `note` column's offsets point past its value bytes, so arrow's IPC
+/// writer panics slicing them (which the codec reports as an encode error).
+pub fn unencodable() -> RecordBatch {
+    use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+    // SAFETY: deliberately invalid (offsets beyond the values) and only
+    // handed to the WAL encoder, whose arrow writer bounds-checks the
+    // slice and panics; nothing reads the values unchecked.
+    let notes = unsafe {
+        StringArray::new_unchecked(
+            OffsetBuffer::new_unchecked(ScalarBuffer::from(vec![0i32, 1000])),
+            Buffer::from(b"abc".to_vec()),
+            None,
+        )
+    };
+    RecordBatch::try_new(
+        schema(),
+        vec![Arc::new(Int64Array::from(vec![-1])), Arc::new(notes)],
+    )
+    .unwrap()
+}
+
 pub fn ids_in(batches: &[RecordBatch]) -> Vec<i64> {
     batches
         .iter()

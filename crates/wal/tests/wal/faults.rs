@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use memwal_fencing::{ManifestStore, ShardIdentity};
-use memwal_store::{ObjectStore, Path, RetryPolicy};
-use memwal_testkit::{Action, Gate, OpKind};
+use memwal_store::{ObjectStore, Path, RetryPolicy, StoreError};
+use memwal_testkit::{http_status_error, permission_denied, Action, Gate, InjectError, OpKind};
 use memwal_wal::{write_fence_sentinel, WalAppender, WalConfig, WalError, WalLocation};
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -121,6 +121,49 @@ async fn exhausted_retries_give_outcome_unknown_and_poison() {
         0,
         "nothing past the unknown entry"
     );
+}
+
+/// A store that definitely refuses the entry's first PUT (a 403, or a 400
+/// object_store passes as `Generic`): nothing was written, so the append
+/// fails with `Storage` (not "may be durable"); the appender stops.
+/// Breaks if a refusal is reported as `OutcomeUnknown` (a caller would have
+/// to treat unwritten rows as possibly durable), if the 400 is retried as
+/// transient, or if anything is written after it.
+#[tokio::test]
+async fn a_refused_put_is_a_definite_failure_not_maybe_durable() {
+    let refusals = [
+        InjectError::new(|| permission_denied("t/_mem_wal/wal")),
+        InjectError::new(|| http_status_error(400, "Bad Request")),
+    ];
+    for refusal in refusals {
+        let inner = memory();
+        let root = Path::from("t");
+        let fs = faulty(&inner);
+        let w = open_writer(fs.clone(), &root, shard(), WalConfig::default())
+            .await
+            .unwrap();
+        let loc = WalLocation::of(&w.manifests);
+        let p2 = loc.path(2).to_string();
+        fs.set_hook(move |op| {
+            if op.kind == OpKind::Put && op.path == p2 {
+                Action::FailWith(refusal.clone())
+            } else {
+                Action::Pass
+            }
+        });
+        let err = w.wal.append(vec![rows(&[1])]).await.unwrap_err();
+        assert!(
+            matches!(&err, WalError::Storage(e) if matches!(**e, StoreError::Request { .. })),
+            "expected a definite storage failure, got {err:?}"
+        );
+        assert!(!err.may_be_durable(), "{err}");
+        assert_eq!(fs.count(OpKind::Put, loc.path(2).as_ref()), 1, "no retry");
+        let later = w.wal.submit(vec![rows(&[2])]).unwrap_err();
+        assert!(matches!(later, WalError::Storage(_)), "{later}");
+        assert!(w.wal.close().await.is_err());
+        fs.clear_hook();
+        assert_eq!(assert_contiguous(&loc).await, 1, "only the sentinel");
+    }
 }
 
 /// Random transient failures (seeded) on every kind of WAL request, with

@@ -7,6 +7,7 @@ use memwal_testkit::{Action, Gate, OpKind};
 use memwal_wal::{
     seal_and_fence, write_fence_sentinel, WalAppender, WalConfig, WalError, WalLocation,
 };
+use object_store::ObjectStoreExt;
 
 use crate::common::*;
 
@@ -287,5 +288,49 @@ async fn sentinel_colliding_with_a_newer_entry_is_fenced() {
             }
         ),
         "{err}"
+    );
+}
+
+/// A stray object at WAL position `u64::MAX - 1` (named by the manifest's
+/// hint): no sentinel can go after it and still leave the appender a
+/// position, so the sentinel reports Corrupt instead of returning
+/// `u64::MAX` (whose `+ 1`, the appender's first position, overflows).
+/// Breaks if the sentinel is written at the last position or the position
+/// arithmetic wraps or panics.
+#[tokio::test]
+async fn a_stray_object_at_the_last_positions_is_corrupt_not_an_overflow() {
+    let inner = memory();
+    let root = Path::from("t");
+    let m = manifests(inner.clone(), &root, shard());
+    let claim = m
+        .claim(Some(&memwal_fencing::ShardIdentity::manual()))
+        .await
+        .unwrap();
+    let loc = WalLocation::of(&m);
+    let stray = u64::MAX - 1;
+    inner
+        .put(
+            &loc.path(stray),
+            memwal_wal::codec::encode_sentinel(0).into(),
+        )
+        .await
+        .unwrap();
+    let hinted = m
+        .update(claim.epoch, |next| {
+            next.wal_entry_position_last_seen = stray;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let err = write_fence_sentinel(&m, claim.epoch, &hinted)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, WalError::Corrupt { position, .. } if position == stray),
+        "{err:?}"
+    );
+    assert!(
+        inner.head(&loc.path(u64::MAX)).await.is_err(),
+        "nothing written at the last position"
     );
 }

@@ -316,3 +316,62 @@ async fn max_entry_bytes_bounds_groups() {
     assert_eq!(positions, vec![3, 3, 4, 4, 5]);
     assert_eq!(big.await.unwrap().position, 6);
 }
+
+/// An append arrow cannot encode poisons the appender: it fails saying the
+/// entry could not be encoded, and the generation switch and the append
+/// queued behind it fail too, as does every later call; nothing after it is
+/// written. Breaks if the bad append fails alone and the appender goes on
+/// (the writer holds its rows in memory: a later entry or a generation
+/// switch that leads to publishing would follow rows never logged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unencodable_append_poisons_the_appender() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let w = open_writer(fs.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    let gate = hold_first_put(&fs, wal_prefix(&root, shard));
+    let t0 = w.wal.submit(vec![rows(&[0])]).unwrap();
+    gate.wait_arrived(1).await;
+    // Queued behind the held PUT: the bad append, a switch, a good append.
+    let bad = w.wal.submit(vec![unencodable()]).unwrap();
+    let switch = w.wal.switch_generation(2).unwrap();
+    let after = w.wal.submit(vec![rows(&[2])]).unwrap();
+    gate.open();
+    assert_eq!(t0.await.unwrap().position, 2);
+    let err = bad.await.unwrap_err();
+    assert!(
+        matches!(err, WalError::Unencodable { position: 3, .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("could not be encoded"), "{err}");
+    assert!(!err.may_be_durable());
+    let switched = switch.await.unwrap_err();
+    assert!(
+        matches!(switched, WalError::Unencodable { .. }),
+        "{switched:?}"
+    );
+    let queued = after.await.unwrap_err();
+    assert!(matches!(queued, WalError::Unencodable { .. }), "{queued:?}");
+    assert!(matches!(
+        w.wal.submit(vec![rows(&[3])]),
+        Err(WalError::Unencodable { .. })
+    ));
+    assert!(matches!(
+        w.wal.switch_generation(3),
+        Err(WalError::Unencodable { .. })
+    ));
+    assert!(matches!(
+        w.wal.close().await,
+        Err(WalError::Unencodable { .. })
+    ));
+    let loc = WalLocation::of(&w.manifests);
+    assert_eq!(
+        assert_contiguous(&loc).await,
+        2,
+        "sentinel and entry 2 only"
+    );
+    assert_eq!(fs.count(OpKind::Put, loc.path(3).as_ref()), 0);
+}

@@ -1,6 +1,6 @@
 //! The fencing scenario against a real S3-compatible server (moto under
-//! `.ci/run`). Skipped (prints why, passes) when `MEMWAL_TEST_S3_URI` is
-//! unset; fails under `CI=true` in that case.
+//! `.ci/run`). Reported as ignored when `MEMWAL_TEST_S3_URI` is unset;
+//! fails under `CI=true` in that case.
 
 use memwal_testkit::s3_test_location;
 
@@ -11,6 +11,10 @@ use crate::fencing::fencing_scenario;
 /// not make WAL writes put-if-not-exists, or if LIST/HEAD on S3 mislead
 /// tail discovery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(memwal_s3_tests),
+    ignore = "needs an S3 server: MEMWAL_TEST_S3_URI unset (eval \"$(scripts/s3-server.sh start)\")"
+)]
 async fn fencing_order_on_s3() {
     let Some(loc) = s3_test_location("wal-fencing-order") else {
         return;

@@ -337,3 +337,35 @@ async fn upstream_shaped_entries_replay() {
     let e = items[0].as_ref().unwrap();
     assert_eq!((e.position, e.epoch, e.generation), (2, 1, None));
 }
+
+/// A foreign (upstream-written) WAL-only entry whose only batch has 0 rows
+/// decodes and is skipped as an entry without rows; an entry holding a
+/// 0-row batch next to real rows is yielded with its rows. Breaks if a
+/// 0-row batch fails to decode or replay, or if an entry with no rows is
+/// yielded as if it carried data.
+#[tokio::test]
+async fn upstream_entries_with_zero_row_batches_replay() {
+    let loc = location(memory());
+    let foreign = |batches: &[arrow_array::RecordBatch]| {
+        let mut meta = HashMap::from([
+            ("writer_epoch".to_string(), "1".to_string()),
+            ("mem_wal_target_generation".to_string(), "4".to_string()),
+        ]);
+        meta.extend(schema().metadata().clone());
+        let s = Schema::new_with_metadata(schema().fields().clone(), meta);
+        let mut w = StreamWriter::try_new(Vec::new(), &s).unwrap();
+        for b in batches {
+            w.write(b).unwrap();
+        }
+        w.finish().unwrap();
+        Bytes::from(w.into_inner().unwrap())
+    };
+    let empty = foreign(&[rows(&[])]);
+    let decoded = codec::decode_entry(&empty).unwrap();
+    assert_eq!(decoded.batches.len(), 1);
+    assert_eq!((decoded.num_rows(), decoded.is_sentinel), (0, false));
+    put_bytes(&loc, 1, empty).await;
+    put_bytes(&loc, 2, foreign(&[rows(&[]), rows(&[2])])).await;
+    put_data(&loc, 3, 1, None).await;
+    assert_eq!(clean(&loc, range(0, 4, 1, 1)).await, vec![2, 3]);
+}

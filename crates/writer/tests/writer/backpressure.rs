@@ -63,9 +63,10 @@ async fn puts_wait_then_fail_with_backpressure_and_recover() {
         let w = w.clone();
         tokio::spawn(async move { w.put(&rows(&[-1], "late")).await })
     };
-    while w.stats().backpressure_waits < 2 {
-        tokio::task::yield_now().await;
-    }
+    wait_until("the late put waits for room", || {
+        w.stats().backpressure_waits >= 2
+    })
+    .await;
     failing.store(false, Ordering::SeqCst);
     waiting.await.unwrap().unwrap();
     model_put(&mut model, &[-1], "late");

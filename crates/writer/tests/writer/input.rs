@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use memwal::{Error, ShardIdentity, ShardingConfig};
+use memwal::{Error, ShardingConfig};
 use memwal_proto::{ShardingField, ShardingSpec};
 use memwal_sharding::ShardRouter;
 
@@ -34,12 +34,8 @@ async fn bad_input_is_typed_and_the_writer_stays_usable() {
     let spec = bucket_spec();
     let router = ShardRouter::new(&spec, &base_schema()).unwrap();
     let ours: BTreeMap<String, Vec<u8>> = router.row_values(&rows(&[1], "x"), 0).unwrap();
-    let identity = ShardIdentity {
-        spec_id: 1,
-        field_values: ours.clone(),
-    };
     let mut cfg = config();
-    cfg.sharding = Some(ShardingConfig { spec, identity });
+    cfg.sharding = Some(ShardingConfig::with_spec(spec, ours.clone()));
     let w = t.open(cfg).await.unwrap();
     let other = (2..100)
         .find(|i| router.row_values(&rows(&[*i], "x"), 0).unwrap() != ours)
@@ -106,13 +102,10 @@ async fn doomed_open_does_not_fence_the_live_writer() {
 
     let w = t.open(config()).await.unwrap();
     let mut other_shard = config();
-    other_shard.sharding = Some(ShardingConfig {
-        spec: bucket_spec(),
-        identity: ShardIdentity {
-            spec_id: 1,
-            field_values: [("bucket".to_string(), 0i32.to_le_bytes().to_vec())].into(),
-        },
-    });
+    other_shard.sharding = Some(ShardingConfig::with_spec(
+        bucket_spec(),
+        [("bucket".to_string(), 0i32.to_le_bytes().to_vec())],
+    ));
     let err = t.open(other_shard).await.unwrap_err();
     assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     assert_eq!(t.manifest().await.writer_epoch, w.epoch(), "not fenced");

@@ -11,6 +11,9 @@ use memwal::{Error, ShardId, ShardWriter};
 use memwal_sstable::{LanceStore, SsTableReader};
 use memwal_testkit::{Action, OpKind};
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+
 use crate::support::*;
 
 // Breaks if opening by a plain local path (fsyncing local store) does not
@@ -203,5 +206,27 @@ async fn append_only_table_keeps_every_row() {
         Some(4),
         "no dedup without a key"
     );
+    // Every row stays visible: no deletion vector hides a duplicate.
+    let reader = memwal_sstable::SsTableReader::open_in(
+        t.mem.clone(),
+        &t.layout(),
+        &m.sstables[0].path,
+        &table_schema(&w2),
+    )
+    .await
+    .unwrap();
+    let mut visible = Vec::new();
+    for b in reader.scan().await.unwrap() {
+        let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let vs = b.column_by_name("v").unwrap().as_string::<i32>();
+        for r in 0..b.num_rows() {
+            visible.push((ids.value(r), vs.value(r).to_string()));
+        }
+    }
+    let expected: Vec<(i64, String)> = ["a", "a", "b", "b"]
+        .iter()
+        .map(|v| (1, v.to_string()))
+        .collect();
+    assert_eq!(visible, expected, "every appended row is visible, in order");
     w2.close().await.unwrap();
 }

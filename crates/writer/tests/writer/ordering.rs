@@ -42,19 +42,20 @@ async fn later_generation_waits_for_failing_earlier_one() {
     // Let g1 fail repeatedly (each retry is a fresh directory, backoff
     // capped at 20 ms) while g2's SSTable is written.
     let gen2_prefix = t.shard_prefix();
-    while g1_failures.load(Ordering::SeqCst) < 8
-        || !t.fault.ops().iter().any(|o| {
-            matches!(o.kind, OpKind::Put | OpKind::Multipart)
-                && o.path.starts_with(&gen2_prefix)
-                && o.path.contains("_gen_2/_pk_index")
-        })
-    {
-        tokio::task::yield_now().await;
-    }
+    wait_until("g1 failed 8 times and g2's SSTable is written", || {
+        g1_failures.load(Ordering::SeqCst) >= 8
+            && t.fault.ops().iter().any(|o| {
+                matches!(o.kind, OpKind::Put | OpKind::Multipart)
+                    && o.path.starts_with(&gen2_prefix)
+                    && o.path.contains("_gen_2/_pk_index")
+            })
+    })
+    .await;
     // Give g2's job every chance to finish and (wrongly) publish.
-    while g1_failures.load(Ordering::SeqCst) < 16 {
-        tokio::task::yield_now().await;
-    }
+    wait_until("g1 failed 16 times", || {
+        g1_failures.load(Ordering::SeqCst) >= 16
+    })
+    .await;
     let stats = w.stats();
     assert_eq!(stats.published_generation, 0, "{stats:?}");
     assert!(stats

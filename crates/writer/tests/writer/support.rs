@@ -9,6 +9,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, StringArray};
 use arrow_schema::{DataType, Field, Schema};
+use lance::dataset::mem_wal::DatasetMemWalExt;
 use lance::dataset::{Dataset, WriteParams};
 use memwal::{RetryPolicy, ShardId, ShardManifest, ShardWriter, ShardWriterConfig, StoreLocation};
 use memwal_fencing::{ManifestStore, ShardLayout};
@@ -32,6 +33,16 @@ pub fn base_schema() -> Arc<Schema> {
         Field::new("id", DataType::Int64, false).with_metadata(key_md),
         Field::new("v", DataType::Utf8, true),
     ]))
+}
+
+/// How [`TestTable::with_mem_wal`] shards the table.
+pub enum MemWalSharding {
+    /// No spec (manual shards).
+    Manual,
+    /// One shard.
+    Unsharded,
+    /// `bucket(column, n)`.
+    Bucket(&'static str, u32),
 }
 
 /// One in-memory table (base Lance dataset at `tbl/`) and one shard, seen
@@ -70,6 +81,34 @@ impl TestTable {
             root,
             shard: ShardId::random(),
         }
+    }
+
+    /// A table whose base dataset has `schema` and a `__lance_mem_wal`
+    /// index installed by lance's own `initialize_mem_wal` with `sharding`
+    /// and the writer defaults `defaults`.
+    pub async fn with_mem_wal(
+        schema: Arc<Schema>,
+        sharding: MemWalSharding,
+        defaults: &[(&str, &str)],
+    ) -> Self {
+        let t = Self::with_schema(schema).await;
+        let lance = LanceStore::new(t.mem.clone());
+        let mut ds = lance::dataset::builder::DatasetBuilder::from_uri(lance.uri(&t.root).as_str())
+            .with_session(lance.session().clone())
+            .load()
+            .await
+            .expect("base table");
+        let mut b = ds.initialize_mem_wal();
+        b = match sharding {
+            MemWalSharding::Manual => b,
+            MemWalSharding::Unsharded => b.unsharded(),
+            MemWalSharding::Bucket(col, n) => b.bucket_sharding(col, n),
+        };
+        for (k, v) in defaults {
+            b = b.add_writer_config_default(*k, *v);
+        }
+        b.execute().await.expect("initialize_mem_wal");
+        t
     }
 
     /// The table through the fault store.
@@ -218,4 +257,17 @@ pub fn config() -> ShardWriterConfig {
 /// The table schema the writer derives (for the SSTable reader).
 pub fn table_schema(w: &ShardWriter) -> TableSchema {
     (**w.schema()).clone()
+}
+
+/// Yields until `cond` holds; fails the test (instead of hanging) when it
+/// does not within a minute.
+pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting until {what}"
+        );
+        tokio::task::yield_now().await;
+    }
 }

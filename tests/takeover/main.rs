@@ -1,0 +1,11 @@
+//! Cross-implementation takeover tests: memwal's `ShardWriter` and upstream
+//! lance 14.0.2's `mem_wal::ShardWriter` taking over each other's shards of
+//! one table (unsharded and `bucket(id, 4)`), with upstream's `LsmScanner`
+//! as the reader that decides what is visible. One binary: each test binary
+//! links all of lance.
+
+mod live;
+mod memwal_first;
+mod routing;
+mod support;
+mod upstream_first;
