@@ -70,15 +70,27 @@ async fn every_acknowledged_generation_replays_under_the_same_config() {
         matches!(&err, Error::InvalidInput { reason } if reason.contains("per-put maximum")),
         "{err}"
     );
-    // Nothing publishes; two puts of ~40 KiB each must not share a generation.
+    // Nothing publishes; puts of ~20 and ~50 KiB (together past
+    // memtable_max_bytes) must not share a generation.
     fail_sstable_writes(&t, || Action::Fail);
     let mut model = Model::new();
-    let (a, b): (Vec<i64>, Vec<i64>) = ((0..40).collect(), (40..80).collect());
+    let (a, b): (Vec<i64>, Vec<i64>) = ((0..20).collect(), (20..70).collect());
     w.put(&wide_rows(&a, 1024)).await.unwrap();
     model_wide(&mut model, &a, 1024);
+    let after_a = w.stats();
+    assert_eq!(
+        (after_a.generation, after_a.active_rows),
+        (1, 20),
+        "precondition: the first put leaves generation 1 active"
+    );
     w.put(&wide_rows(&b, 1024)).await.unwrap();
     model_wide(&mut model, &b, 1024);
-    assert_eq!(w.stats().generation, 2, "the second put started generation 2");
+    let after_b = w.stats();
+    assert_eq!(
+        after_b.unpublished.first(),
+        Some(&(1, 20)),
+        "generation 1 was frozen before the second put went in: {after_b:?}"
+    );
     w.abort();
     t.fault.clear_hook();
     let w2 = t.open(cfg).await.expect("reopens under the same config");
