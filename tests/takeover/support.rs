@@ -95,6 +95,26 @@ impl Model {
         }
     }
 
+    /// Resolves a write whose outcome memwal reported as unknown (it may or
+    /// may not be durable): for each key it touched, `got` must show either
+    /// the model's current state or the write's (`tag` for a put, absent
+    /// for a delete), and the model adopts what `got` shows. Panics on any
+    /// third value (a lost acknowledged write or a row nobody sent).
+    #[track_caller]
+    pub fn settle_unknown(&mut self, got: &View, ids: &[i64], tag: Option<&str>, what: &str) {
+        for id in ids {
+            let before = self.entries.get(id).cloned().flatten();
+            let written = tag.map(|t| Row::of(*id, t));
+            let seen = got.get(id).cloned();
+            assert!(
+                seen == before || seen == written,
+                "{what}: key {id} after a write of unknown outcome shows {seen:?}; \
+                 allowed: the acknowledged {before:?} or the unknown write's {written:?}"
+            );
+            self.entries.insert(*id, seen);
+        }
+    }
+
     /// What a reader must see.
     pub fn visible(&self) -> View {
         self.entries

@@ -81,6 +81,10 @@ async fn upstream_abandoned_then_memwal_takes_over(sharding: Sharding) {
         let after = t.manifest(s).await;
         assert_eq!(after.writer_epoch, w.epoch(), "{after:?}");
         assert!(
+            after.version > before.version,
+            "memwal's claim writes a newer manifest version: {before:?} -> {after:?}"
+        );
+        assert!(
             after.sstables.len() > before.sstables.len(),
             "memwal's open publishes the replayed generation: before {before:?}, after {after:?}"
         );

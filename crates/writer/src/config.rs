@@ -38,7 +38,10 @@ impl ShardingConfig {
 
     /// The shard with `values` under `spec` (for tables without a MemWAL
     /// index, or to assert the table's spec).
-    pub fn with_spec(spec: ShardingSpec, values: impl IntoIterator<Item = (String, Vec<u8>)>) -> Self {
+    pub fn with_spec(
+        spec: ShardingSpec,
+        values: impl IntoIterator<Item = (String, Vec<u8>)>,
+    ) -> Self {
         Self {
             spec: Some(spec),
             field_values: values.into_iter().collect(),

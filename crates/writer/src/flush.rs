@@ -148,11 +148,14 @@ async fn after_failure(inner: &Inner, err: Error, attempt: u32) -> Result<()> {
     if inner.closing.load(Ordering::SeqCst) && attempt >= retry.attempts() {
         return Err(err);
     }
-    if attempt % FENCE_CHECK_EVERY == 0 {
+    if attempt.is_multiple_of(FENCE_CHECK_EVERY) {
         match inner.ctx.manifests.check_fenced(inner.epoch).await {
             Ok(_) => {}
             Err(e @ (FencingError::Fenced { .. } | FencingError::Sealed { .. })) => {
-                return Err(Error::from_fencing(e, "checking the fence after failed flushes"))
+                return Err(Error::from_fencing(
+                    e,
+                    "checking the fence after failed flushes",
+                ))
             }
             Err(e) => tracing::warn!(shard = %inner.shard, error = %e, "fence check failed"),
         }

@@ -33,8 +33,8 @@ mod freeze;
 mod open;
 mod put;
 mod resolve;
-mod transient;
 pub mod stats;
+mod transient;
 mod writer;
 
 pub use config::{ShardWriterConfig, ShardingConfig};

@@ -9,8 +9,8 @@ use futures::StreamExt;
 use memwal_fencing::{ManifestStore, ShardId, ShardManifest};
 use memwal_memtable::{MemTable, TableSchema};
 use memwal_sstable::{LanceStore, SsTableWriter};
-use memwal_table::BaseTable;
 use memwal_store::{open_store, StoreLocation};
+use memwal_table::BaseTable;
 use memwal_wal::{
     replay, write_fence_sentinel, ReplayRange, WalAppender, WalConfig, WalLocation,
     DEFAULT_REPLAY_PREFETCH,
@@ -299,7 +299,10 @@ async fn publish_replayed(
 ) -> Result<ShardManifest> {
     if done.memtable.is_empty() {
         // Entries without rows: move the cursor and the counter past them.
-        tracing::debug!(generation = done.generation, "replayed generation holds no rows");
+        tracing::debug!(
+            generation = done.generation,
+            "replayed generation holds no rows"
+        );
         let m = ctx
             .publish(done.generation, None, done.last_position, sentinel, false)
             .await?;

@@ -121,7 +121,10 @@ pub(crate) fn resolve_sharding(
             )));
         }
     }
-    if let Some(extra) = values.keys().find(|k| !router.field_ids().any(|id| id == *k)) {
+    if let Some(extra) = values
+        .keys()
+        .find(|k| !router.field_ids().any(|id| id == *k))
+    {
         return Err(Error::invalid(format!(
             "shard field `{extra}` is not a field of sharding spec {}",
             spec.spec_id
@@ -216,7 +219,9 @@ impl ShardWriterConfig {
             };
             let size = || -> Result<usize> {
                 usize::try_from(num()?).map_err(|_| {
-                    Error::invalid(format!("table writer default `{key}` = `{value}` is too large"))
+                    Error::invalid(format!(
+                        "table writer default `{key}` = `{value}` is too large"
+                    ))
                 })
             };
             let millis = || num().map(Duration::from_millis);
@@ -240,7 +245,9 @@ impl ShardWriterConfig {
                         .ok()
                         .and_then(|r| r.checked_add(1))
                         .ok_or_else(|| {
-                            Error::invalid(format!("table writer default `{key}` = `{value}` is too large"))
+                            Error::invalid(format!(
+                                "table writer default `{key}` = `{value}` is too large"
+                            ))
                         })?
                 }
                 "wal_persist_retry_base_delay_ms"
@@ -273,7 +280,11 @@ impl ShardWriterConfig {
                 | "memwal.backpressure_timeout_ms" => {
                     tracing::debug!(key, value, "table writer default overridden by the config");
                 }
-                _ => tracing::debug!(key, value, "table writer default has no memwal equivalent; ignored"),
+                _ => tracing::debug!(
+                    key,
+                    value,
+                    "table writer default has no memwal equivalent; ignored"
+                ),
             }
         }
         out.validate().map_err(|e| match e {

@@ -1,7 +1,7 @@
 //! Put / close / reopen; abort / reopen replays; last write wins.
 
-use memwal::Error;
 use futures::StreamExt;
+use memwal::Error;
 use memwal_testkit::{Action, Gate, OpKind};
 use object_store::ObjectStore;
 
@@ -149,7 +149,10 @@ async fn dropped_writer_writes_nothing_more() {
     }
     assert_eq!(landed(&t).await, before, "nothing written after drop");
     let outcome = pending.await;
-    assert!(outcome.is_err(), "a put held at drop is never acknowledged: {outcome:?}");
+    assert!(
+        outcome.is_err(),
+        "a put held at drop is never acknowledged: {outcome:?}"
+    );
     t.fault.clear_hook();
     let w2 = t.open(config()).await.unwrap();
     assert_eq!(t.read_published(&schema).await, model);

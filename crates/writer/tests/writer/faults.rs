@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{Field, Schema};
-use bytes::Bytes;
 use memwal::Error;
 use memwal_testkit::{permission_denied, Action, Gate, InjectError, OpKind};
 use object_store::{ObjectStoreExt, PutPayload};
@@ -167,10 +166,21 @@ async fn a_refused_sstable_write_is_terminal_at_once() {
     }
     let err = bounded("flush", w.flush()).await.unwrap_err();
     assert!(
-        matches!(err, Error::Storage { transient: false, .. }),
+        matches!(
+            err,
+            Error::Storage {
+                transient: false,
+                ..
+            }
+        ),
         "{err:?}"
     );
-    assert_eq!(dirs.lock().len(), 1, "one attempt, no retries: {:?}", dirs.lock());
+    assert_eq!(
+        dirs.lock().len(),
+        1,
+        "one attempt, no retries: {:?}",
+        dirs.lock()
+    );
     assert!(w.put(&rows(&[2], "b")).await.is_err(), "terminal");
 }
 
@@ -194,7 +204,10 @@ async fn failing_flushes_recheck_the_fence() {
         let w2 = w.clone();
         (w, tokio::spawn(async move { w2.flush().await }))
     };
-    wait_until("the flush failed once", || failures.load(Ordering::SeqCst) >= 1).await;
+    wait_until("the flush failed once", || {
+        failures.load(Ordering::SeqCst) >= 1
+    })
+    .await;
     let newer = t.manifests().claim(None).await.unwrap();
     let err = bounded("flush", flush.1).await.unwrap().unwrap_err();
     match err {
@@ -242,9 +255,10 @@ async fn zero_row_batches_in_the_wal_are_skipped_on_replay() {
     let storage = schema.to_storage(&rows(&[2], "b")).unwrap();
     w.abort();
     let empty = storage.slice(0, 0);
-    let bytes = memwal_wal::codec::encode_entry(epoch, Some(generation), &[empty, storage]).unwrap();
+    let bytes =
+        memwal_wal::codec::encode_entry(epoch, Some(generation), &[empty, storage]).unwrap();
     t.mem
-        .put(&t.layout().wal_path(next), PutPayload::from_bytes(Bytes::from(bytes)))
+        .put(&t.layout().wal_path(next), PutPayload::from_bytes(bytes))
         .await
         .unwrap();
     model_put(&mut model, &[2], "b");
@@ -264,7 +278,9 @@ async fn concurrent_closes_wait_for_the_first() {
     let gate = Gate::new();
     {
         let gate = gate.clone();
-        fail_sstable_writes(&t, move || Action::Hold(gate.clone(), Box::new(Action::Pass)));
+        fail_sstable_writes(&t, move || {
+            Action::Hold(gate.clone(), Box::new(Action::Pass))
+        });
     }
     let first = w.close();
     let second = async {
@@ -278,7 +294,10 @@ async fn concurrent_closes_wait_for_the_first() {
     let (r1, (r2, published), ()) = tokio::join!(first, second, opener);
     r1.unwrap();
     r2.unwrap();
-    assert_eq!(published, 1, "the second close returned before the flush published");
+    assert_eq!(
+        published, 1,
+        "the second close returned before the flush published"
+    );
     let ops = t.fault.ops().len();
     for _ in 0..200 {
         tokio::task::yield_now().await;

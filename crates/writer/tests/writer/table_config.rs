@@ -186,8 +186,11 @@ async fn the_tables_writer_defaults_apply_unless_overridden() {
     assert_eq!(w.stats().active_rows, 3);
     w.close().await.unwrap();
 
-    let bad =
-        TestTable::with_mem_wal(base_schema(), MemWalSharding::Unsharded, &[("max_memtable_rows", "many")])
-            .await;
+    let bad = TestTable::with_mem_wal(
+        base_schema(),
+        MemWalSharding::Unsharded,
+        &[("max_memtable_rows", "many")],
+    )
+    .await;
     assert_invalid(bad.open(cfg).await, "max_memtable_rows");
 }
