@@ -29,8 +29,16 @@ fn hold_first_put(fs: &FaultStore, prefix: String) -> Gate {
     gate
 }
 
+/// Yields until `n` appends are queued; fails (instead of hanging) when
+/// they are not within a minute.
 async fn wait_queued(wal: &memwal_wal::WalAppender, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while wal.queued() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting for {n} queued appends ({} queued)",
+            wal.queued()
+        );
         tokio::task::yield_now().await;
     }
 }
