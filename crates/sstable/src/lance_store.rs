@@ -138,6 +138,14 @@ impl LanceStore {
         &self.lance
     }
 
+    /// The commit handler every lance commit through this store must use:
+    /// put-if-not-exists of the version's manifest, so concurrent committers
+    /// conflict instead of overwriting each other (lance picks an unsafe,
+    /// overwriting handler for a scheme it does not know, such as ours).
+    pub fn commit_handler(&self) -> Arc<dyn lance_table::io::commit::CommitHandler> {
+        Arc::new(lance_table::io::commit::ConditionalPutCommitHandler)
+    }
+
     /// The URI under which lance finds the object-store directory `path`.
     pub fn uri(&self, path: &Path) -> String {
         let mut url = Url::parse(&format!("{SCHEME}://{AUTHORITY}/")).expect("static URL parses");

@@ -96,6 +96,18 @@ impl BaseTable {
         }
     }
 
+    /// The highest generation of shard `shard_uuid` (its 16 raw bytes) the
+    /// MemWAL index records as compacted into this table version (`None`:
+    /// none, or no index).
+    pub fn compacted_generation(&self, shard_uuid: &[u8]) -> Option<u64> {
+        self.mem_wal
+            .iter()
+            .flat_map(|d| d.compacted_sstables.iter())
+            .filter(|c| c.shard_id.as_ref().is_some_and(|u| u.uuid == shard_uuid))
+            .map(|c| c.generation)
+            .max()
+    }
+
     /// The writer configuration defaults the MemWAL index records (empty
     /// without the index).
     pub fn writer_config_defaults(&self) -> impl Iterator<Item = (&str, &str)> {

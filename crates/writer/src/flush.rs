@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use memwal_fencing::{FencingError, ManifestStore, ShardManifest};
 use memwal_memtable::{FlushData, FrozenMemTable, TableSchema};
-use memwal_sstable::{SsTableWriter, WrittenSsTable};
+use memwal_sstable::{LanceStore, SsTableWriter, WrittenSsTable};
 use memwal_store::RetryPolicy;
+use memwal_table::BaseTable;
 use memwal_wal::SwitchTicket;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
@@ -35,6 +36,10 @@ pub(crate) struct FlushCtx {
     pub epoch: u64,
     pub sstables: SsTableWriter,
     pub schema: Arc<TableSchema>,
+    /// The base table, read at each publish for the shard's compaction
+    /// progress (SSTables it holds are dropped from the manifest).
+    pub base: Arc<LanceStore>,
+    pub base_root: object_store::path::Path,
 }
 
 impl FlushCtx {
@@ -75,8 +80,12 @@ impl FlushCtx {
             reason: format!("generation {generation} cannot be followed"),
         })?;
         let manifest_dir = self.manifests.layout().manifest_dir().to_string();
+        let compacted = self.compacted_generation().await;
         self.manifests
             .update(self.epoch, |m| {
+                if let Some(c) = compacted {
+                    m.sstables.retain(|s| s.generation > c);
+                }
                 let listed = m.sstables.iter().any(|s| s.generation == generation);
                 if !listed {
                     let out_of_order = if in_order {
@@ -110,6 +119,23 @@ impl FlushCtx {
             .instrument(span)
             .await
             .map_err(|e| Error::from_fencing(e, &format!("publishing generation {generation}")))
+    }
+}
+
+impl FlushCtx {
+    /// The shard's `compacted_sstables` generation in the latest base
+    /// table version; `None` when there is none or the base cannot be read
+    /// now (pruning then waits for a later publish: it only keeps manifests
+    /// small, nothing depends on it).
+    async fn compacted_generation(&self) -> Option<u64> {
+        let shard = self.manifests.shard().uuid();
+        match BaseTable::load(&self.base, &self.base_root).await {
+            Ok(table) => table.compacted_generation(shard.as_bytes()),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the base table's compaction progress");
+                None
+            }
+        }
     }
 }
 

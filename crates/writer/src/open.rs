@@ -135,6 +135,8 @@ async fn open_inner(
             storage_version,
         ),
         schema: schema.clone(),
+        base: Arc::new(lance),
+        base_root: loc.root.clone(),
     };
 
     // 3. Replay.

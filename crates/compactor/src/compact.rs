@@ -1,0 +1,289 @@
+//! The compaction cycle: for each shard, the published SSTables above the
+//! recorded `compacted_sstables` generation, merged into the base table in
+//! ascending generation order. The compactor never writes shard manifests
+//! (it never claims: that would fence the live writer).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use lance::Dataset;
+use memwal_fencing::{ShardId, ShardLayout};
+use memwal_memtable::TableSchema;
+use memwal_sstable::{LanceStore, SsTableReader};
+use memwal_store::{RetryPolicy, StoreLocation};
+use memwal_table::BaseTable;
+use tracing::Instrument;
+
+use crate::init::open_dataset;
+use crate::merge::{merge_sstable, Attempt, Merged};
+use crate::shards::{compacted_generations, latest_manifest, list_shards};
+use crate::{names, CompactorError, Result};
+
+/// Settings of a [`Compactor`].
+#[derive(Debug, Clone)]
+pub struct CompactorConfig {
+    /// Retry policy of shard manifest reads.
+    pub retry: RetryPolicy,
+    /// How many times one generation is attempted when concurrent commits
+    /// get in the way before the cycle gives up on that shard with
+    /// [`CompactorError::Contention`]. Default 10.
+    pub max_conflicts: u32,
+}
+
+impl Default for CompactorConfig {
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            max_conflicts: 10,
+        }
+    }
+}
+
+/// What one shard's compaction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardReport {
+    /// The shard (`None` only in [`Default`]).
+    pub shard: Option<ShardId>,
+    /// `compacted_sstables` of the shard before and after.
+    pub compacted_before: u64,
+    /// See `compacted_before`.
+    pub compacted_after: u64,
+    /// Generations this run merged, ascending (not ones another compactor
+    /// merged meanwhile).
+    pub merged: Vec<u64>,
+    /// Live rows upserted or appended.
+    pub rows_written: u64,
+    /// Tombstones applied.
+    pub tombstones: u64,
+    /// Base-table commits made.
+    pub commits: u32,
+    /// Generations found already compacted by a concurrent compactor.
+    pub skipped: Vec<u64>,
+}
+
+/// Merges published SSTables into the base table of one table.
+#[derive(Clone)]
+pub struct Compactor {
+    loc: StoreLocation,
+    lance: Arc<LanceStore>,
+    config: CompactorConfig,
+}
+
+impl std::fmt::Debug for Compactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Compactor")
+            .field("table", &self.loc.uri)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Compactor {
+    /// A compactor of the table at `loc`. Nothing is read until a run.
+    pub fn new(loc: StoreLocation, config: CompactorConfig) -> Self {
+        let lance = Arc::new(LanceStore::new(loc.store.clone()));
+        Self { loc, lance, config }
+    }
+
+    /// The table's location.
+    pub fn location(&self) -> &StoreLocation {
+        &self.loc
+    }
+
+    /// One cycle over every shard of the table. A shard that fails does not
+    /// stop the others: its error is returned alongside the reports of the
+    /// shards that succeeded.
+    ///
+    /// Guarantees, whatever runs concurrently (writers, other compactors) and
+    /// wherever this run stops: each generation's changes reach the base
+    /// table exactly once in effect, in generation order per shard, and
+    /// `compacted_sstables[shard]` never names a generation whose rows are
+    /// not all in the base.
+    pub async fn run_once(&self) -> Result<Vec<std::result::Result<ShardReport, CompactorError>>> {
+        let span = tracing::info_span!("compact", table = %self.loc.uri);
+        async {
+            self.require_index().await?;
+            let mut out = Vec::new();
+            for shard in list_shards(&self.loc).await? {
+                let r = self.compact_shard(shard).await;
+                if let Err(e) = &r {
+                    metrics::counter!(names::ERRORS).increment(1);
+                    tracing::warn!(%shard, error = %e, "compaction of shard failed");
+                }
+                out.push(r);
+            }
+            Ok(out)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Refuses a table without the `__lance_mem_wal` index.
+    async fn require_index(&self) -> Result<BaseTable> {
+        let table = BaseTable::load(&self.lance, &self.loc.root).await?;
+        if table.mem_wal.is_none() {
+            return Err(CompactorError::invalid(
+                &self.loc.uri,
+                "the table has no `__lance_mem_wal` index; compaction needs one \
+                 (create the table with `memwal init`, or install it with lance's \
+                 initialize_mem_wal)",
+            ));
+        }
+        Ok(table)
+    }
+
+    /// Compacts every published SSTable of `shard` above its recorded
+    /// generation.
+    pub async fn compact_shard(&self, shard: ShardId) -> Result<ShardReport> {
+        let span = tracing::info_span!("compact_shard", %shard);
+        self.compact_shard_inner(shard).instrument(span).await
+    }
+
+    async fn compact_shard_inner(&self, shard: ShardId) -> Result<ShardReport> {
+        let uri = self.loc.uri.as_str();
+        let mut report = ShardReport {
+            shard: Some(shard),
+            ..Default::default()
+        };
+        let Some(manifest) = latest_manifest(&self.loc, shard, &self.config.retry).await? else {
+            return Ok(report);
+        };
+        let mut base = open_dataset(&self.lance, &self.loc).await?;
+        let (table, mut compacted) = self.progress(&base, shard).await?;
+        report.compacted_before = compacted;
+        let schema = TableSchema::new(table.schema.clone())
+            .map_err(|e| CompactorError::invalid(uri, format!("base table schema: {e}")))?;
+        let layout = ShardLayout::new(&self.loc.root, shard);
+        let mut pending: Vec<_> = manifest
+            .sstables
+            .iter()
+            .filter(|s| s.generation > compacted)
+            .cloned()
+            .collect();
+        pending.sort_by_key(|s| s.generation);
+        self.record_lag(shard, &pending, compacted);
+        for sst in &pending {
+            if sst.generation <= compacted {
+                continue;
+            }
+            let started = Instant::now();
+            let reader = SsTableReader::open(&self.lance, &layout, &sst.path, &schema)
+                .await
+                .map_err(|source| CompactorError::SsTable {
+                    shard,
+                    dir: sst.path.clone(),
+                    source: Box::new(source),
+                })?;
+            let mut attempts = 0u32;
+            loop {
+                attempts += 1;
+                let step = tracing::info_span!(
+                    "compact_generation",
+                    generation = sst.generation,
+                    attempts
+                );
+                let result = merge_sstable(
+                    base.clone(),
+                    reader.dataset(),
+                    shard,
+                    sst.generation,
+                    &sst.path,
+                    uri,
+                )
+                .instrument(step)
+                .await;
+                match result {
+                    Ok((next, merged)) => {
+                        base = next;
+                        compacted = sst.generation;
+                        report.merged.push(sst.generation);
+                        self.count(&mut report, merged, started);
+                        break;
+                    }
+                    Err(Attempt::Failed(e)) => return Err(e),
+                    Err(Attempt::Commit(e)) => {
+                        // Whatever happened, the base decides: reload it
+                        // and read the marker again.
+                        base = open_dataset(&self.lance, &self.loc).await?;
+                        compacted = self.progress(&base, shard).await?.1;
+                        if compacted >= sst.generation {
+                            tracing::info!(
+                                generation = sst.generation,
+                                "generation compacted by a concurrent compactor"
+                            );
+                            report.skipped.push(sst.generation);
+                            break;
+                        }
+                        if !is_conflict(&e) {
+                            return Err(CompactorError::Lance {
+                                uri: uri.to_string(),
+                                what: format!(
+                                    "merging generation {} of shard {shard}",
+                                    sst.generation
+                                ),
+                                source: Box::new(e),
+                            });
+                        }
+                        metrics::counter!(names::CONFLICTS).increment(1);
+                        if attempts >= self.config.max_conflicts {
+                            return Err(CompactorError::Contention {
+                                uri: uri.to_string(),
+                                shard,
+                                generation: sst.generation,
+                                attempts,
+                            });
+                        }
+                        tracing::debug!(error = %e, "commit conflict; retrying the generation");
+                    }
+                }
+            }
+        }
+        report.compacted_after = compacted;
+        let left: Vec<_> = pending
+            .into_iter()
+            .filter(|s| s.generation > compacted)
+            .collect();
+        self.record_lag(shard, &left, compacted);
+        Ok(report)
+    }
+
+    /// The table's declaration and the shard's recorded generation at
+    /// `base`'s version.
+    async fn progress(&self, base: &Dataset, shard: ShardId) -> Result<(BaseTable, u64)> {
+        let table = BaseTable::of_dataset(base, &self.loc.uri).await?;
+        let done = compacted_generations(&self.loc.uri, table.mem_wal.as_ref())?
+            .get(&shard)
+            .copied()
+            .unwrap_or(0);
+        Ok((table, done))
+    }
+
+    fn count(&self, report: &mut ShardReport, merged: Merged, started: Instant) {
+        report.rows_written += merged.rows_written;
+        report.tombstones += merged.tombstones;
+        report.commits += merged.commits;
+        metrics::counter!(names::GENERATIONS).increment(1);
+        metrics::counter!(names::ROWS).increment(merged.rows_written);
+        metrics::counter!(names::TOMBSTONES).increment(merged.tombstones);
+        metrics::histogram!(names::GENERATION_SECONDS).record(started.elapsed().as_secs_f64());
+    }
+
+    fn record_lag(&self, shard: ShardId, pending: &[memwal_proto::SsTable], compacted: u64) {
+        let bytes: u64 = pending.iter().filter_map(|s| s.in_memory_bytes).sum();
+        let shard = shard.to_string();
+        metrics::gauge!(names::LAG_GENERATIONS, "shard" => shard.clone()).set(pending.len() as f64);
+        metrics::gauge!(names::LAG_BYTES, "shard" => shard.clone()).set(bytes as f64);
+        metrics::gauge!(names::COMPACTED_GENERATION, "shard" => shard).set(compacted as f64);
+    }
+}
+
+/// Whether a failed commit lost to a concurrent one (worth replanning).
+fn is_conflict(e: &lance::Error) -> bool {
+    matches!(
+        e,
+        lance::Error::CommitConflict { .. }
+            | lance::Error::RetryableCommitConflict { .. }
+            | lance::Error::IncompatibleTransaction { .. }
+            | lance::Error::TooMuchWriteContention { .. }
+    ) || e.to_string().contains("Stale SSTable compaction")
+}

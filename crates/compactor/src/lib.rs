@@ -1,0 +1,50 @@
+//! MemWAL compaction (MEMWAL.md "Compaction into the base table"): the
+//! published SSTables of every shard merged into the base Lance table in
+//! generation order, each commit advancing `compacted_sstables` of the
+//! `__lance_mem_wal` index for the generation whose last rows it carries.
+//!
+//! Also here: creating a base table with the MemWAL index
+//! ([`create_table`]), and the read view a reader should use
+//! ([`table_view`]): the base plus the SSTables it does not contain yet.
+//!
+//! The compactor never writes shard manifests; a shard's own writer drops
+//! compacted SSTables from its manifest on its next update.
+
+#![warn(missing_docs)]
+
+mod compact;
+mod error;
+mod init;
+mod merge;
+mod shards;
+mod task;
+mod view;
+
+pub use compact::{Compactor, CompactorConfig, ShardReport};
+pub use error::{CompactorError, Result};
+pub use init::{create_table, install_mem_wal, TableSharding};
+pub use shards::{compacted_generations, index_caught_up, latest_manifest, list_shards};
+pub use task::CompactorTask;
+pub use view::{table_view, ShardView, TableView};
+
+/// Metric names the compactor records.
+pub mod names {
+    /// Counter: generations merged into the base table.
+    pub const GENERATIONS: &str = "memwal_compactor_generations_total";
+    /// Counter: live rows upserted or appended into the base table.
+    pub const ROWS: &str = "memwal_compactor_rows_total";
+    /// Counter: tombstones applied to the base table.
+    pub const TOMBSTONES: &str = "memwal_compactor_tombstones_total";
+    /// Counter: commits that lost to a concurrent commit and were replanned.
+    pub const CONFLICTS: &str = "memwal_compactor_conflicts_total";
+    /// Counter: shard compactions that failed.
+    pub const ERRORS: &str = "memwal_compactor_errors_total";
+    /// Histogram: seconds to merge one generation.
+    pub const GENERATION_SECONDS: &str = "memwal_compactor_generation_seconds";
+    /// Gauge (label `shard`): published generations not yet in the base.
+    pub const LAG_GENERATIONS: &str = "memwal_compaction_lag_generations";
+    /// Gauge (label `shard`): in-memory bytes of those generations.
+    pub const LAG_BYTES: &str = "memwal_compaction_lag_bytes";
+    /// Gauge (label `shard`): the shard's `compacted_sstables` generation.
+    pub const COMPACTED_GENERATION: &str = "memwal_compacted_generation";
+}

@@ -1,0 +1,387 @@
+//! Merging one published SSTable into the base table, with the
+//! `compacted_sstables` marker in the commit that carries its last change.
+//!
+//! Keyed tables (merge-insert knows nothing of `_tombstone`):
+//! 1. a key-only `WhenMatched::Delete` pass for the SSTable's tombstones,
+//! 2. an `UpdateAll` + `InsertAll` pass for its live rows,
+//!
+//! the marker riding on the last pass that changes data. An SSTable holds
+//! one visible row per key, so the passes touch disjoint keys and a rerun
+//! of either is a no-op. Append-only tables write new fragments and commit
+//! them with the marker in one `Update`, so a rerun (whose marker is stale)
+//! never appends twice. An SSTable with no visible rows only moves the
+//! marker (`UpdateMemWalState`).
+//!
+//! Every pass is planned and committed against one base version, with
+//! lance's own re-execution switched off: a concurrent commit makes the
+//! pass fail, and the caller reloads, re-reads the marker and starts the
+//! generation over. Re-executing a delete pass against a newer base (where
+//! another compactor may already have applied a later generation that
+//! re-inserted the key) would delete a newer row. Two compactors merging
+//! the same generation cannot both record it: lance refuses a marker not
+//! above the recorded one when it builds the commit on the latest version
+//! (with put-if-not-exists commits, [`memwal_sstable::LanceStore::commit_handler`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{BooleanArray, RecordBatch};
+use arrow_schema::{Field, Schema, SchemaRef};
+use datafusion::error::DataFusionError;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::{StreamExt, TryStreamExt};
+use lance::dataset::transaction::{Operation, Transaction};
+use lance::dataset::{
+    CommitBuilder, InsertBuilder, MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode,
+    WriteParams,
+};
+use lance::Dataset;
+use lance_index::mem_wal::CompactedSsTable;
+use memwal_fencing::ShardId;
+use memwal_memtable::TOMBSTONE_COLUMN;
+
+use crate::{CompactorError, Result};
+
+/// What merging one SSTable did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Merged {
+    /// Live rows upserted (keyed) or appended.
+    pub rows_written: u64,
+    /// Tombstones applied (keys deleted if present).
+    pub tombstones: u64,
+    /// Base-table commits made.
+    pub commits: u32,
+}
+
+/// Why a merge attempt did not finish.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    /// A commit failed; the caller reloads the base and decides (the
+    /// generation may have been compacted by someone else, or a concurrent
+    /// commit got in the way).
+    Commit(lance::Error),
+    /// Nothing to retry.
+    Failed(CompactorError),
+}
+
+impl From<CompactorError> for Attempt {
+    fn from(e: CompactorError) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// The SSTable's columns in base-table terms.
+struct Columns {
+    /// SSTable column names to read, base names to write, for every
+    /// non-tombstone column.
+    read: Vec<String>,
+    /// Output schema (base names, SSTable types, no metadata).
+    out: SchemaRef,
+    /// Positions (in `read`) of the primary-key columns.
+    keys: Vec<usize>,
+    /// Whether the SSTable has a `_tombstone` column.
+    has_tombstone: bool,
+}
+
+fn columns(base: &Dataset, sst: &Dataset, uri: &str, dir: &str) -> Result<Columns> {
+    let base_names: HashMap<i32, &str> = base
+        .schema()
+        .fields
+        .iter()
+        .map(|f| (f.id, f.name.as_str()))
+        .collect();
+    let key_ids: Vec<i32> = base
+        .schema()
+        .unenforced_primary_key()
+        .iter()
+        .map(|f| f.id)
+        .collect();
+    let mut read = Vec::new();
+    let mut fields = Vec::new();
+    let mut keys = Vec::new();
+    let mut has_tombstone = false;
+    for f in &sst.schema().fields {
+        if f.name == TOMBSTONE_COLUMN {
+            has_tombstone = true;
+            continue;
+        }
+        let name = base_names
+            .get(&f.id)
+            .ok_or_else(|| CompactorError::Corrupt {
+                uri: uri.to_string(),
+                reason: format!(
+                    "SSTable `{dir}` column `{}` (field id {}) has no base-table field",
+                    f.name, f.id
+                ),
+            })?;
+        if key_ids.contains(&f.id) {
+            keys.push(read.len());
+        }
+        read.push(f.name.clone());
+        let arrow = Field::from(f);
+        fields.push(Field::new(
+            *name,
+            arrow.data_type().clone(),
+            arrow.is_nullable(),
+        ));
+    }
+    if keys.len() != key_ids.len() {
+        return Err(CompactorError::Corrupt {
+            uri: uri.to_string(),
+            reason: format!("SSTable `{dir}` lacks primary-key columns of the base table"),
+        });
+    }
+    Ok(Columns {
+        read,
+        out: Arc::new(Schema::new(fields)),
+        keys,
+        has_tombstone,
+    })
+}
+
+/// Which rows of a scan a pass takes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    Live,
+    Tombstones,
+}
+
+/// A stream of the SSTable's visible rows of one kind, in physical order,
+/// renamed to base names (`keys_only`: only the primary-key columns).
+async fn rows(
+    sst: &Dataset,
+    cols: &Columns,
+    kind: Rows,
+    keys_only: bool,
+    uri: &str,
+) -> Result<SendableRecordBatchStream> {
+    let mut project: Vec<String> = if keys_only {
+        cols.keys.iter().map(|&i| cols.read[i].clone()).collect()
+    } else {
+        cols.read.clone()
+    };
+    let out: SchemaRef = if keys_only {
+        Arc::new(
+            cols.out
+                .project(&cols.keys)
+                .expect("key positions are in range"),
+        )
+    } else {
+        cols.out.clone()
+    };
+    if cols.has_tombstone {
+        project.push(TOMBSTONE_COLUMN.to_string());
+    }
+    let mut scanner = sst.scan();
+    scanner.scan_in_order(true);
+    scanner
+        .project(&project)
+        .map_err(CompactorError::lance(uri, "projecting an SSTable"))?;
+    let stream = scanner
+        .try_into_stream()
+        .await
+        .map_err(CompactorError::lance(uri, "scanning an SSTable"))?;
+    let has_tombstone = cols.has_tombstone;
+    let schema = out.clone();
+    let mapped = stream
+        .map_err(|e| DataFusionError::External(Box::new(e)))
+        .and_then(move |batch| {
+            let schema = schema.clone();
+            async move {
+                let n = batch.num_columns() - usize::from(has_tombstone);
+                let selected = if has_tombstone {
+                    let tomb = batch.column(n).as_boolean_opt().ok_or_else(|| {
+                        DataFusionError::Execution("`_tombstone` is not boolean".into())
+                    })?;
+                    let want: BooleanArray = tomb
+                        .iter()
+                        .map(|t| Some(t.unwrap_or(false) == (kind == Rows::Tombstones)))
+                        .collect();
+                    let kept = RecordBatch::try_new(
+                        batch.schema().project(&(0..n).collect::<Vec<_>>())?.into(),
+                        batch.columns()[..n].to_vec(),
+                    )?;
+                    arrow_select_filter(&kept, &want)?
+                } else if kind == Rows::Tombstones {
+                    batch.slice(0, 0).project(&(0..n).collect::<Vec<_>>())?
+                } else {
+                    batch
+                };
+                Ok(RecordBatch::try_new(schema, selected.columns().to_vec())?)
+            }
+        })
+        .try_filter(|b| futures::future::ready(b.num_rows() > 0));
+    Ok(Box::pin(RecordBatchStreamAdapter::new(out, mapped)))
+}
+
+fn arrow_select_filter(
+    batch: &RecordBatch,
+    keep: &BooleanArray,
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    arrow_select::filter::filter_record_batch(batch, keep)
+}
+
+/// Counts of visible rows by kind: (live, tombstones).
+async fn counts(sst: &Dataset, cols: &Columns, uri: &str) -> Result<(u64, u64)> {
+    let total = sst
+        .count_rows(None)
+        .await
+        .map_err(CompactorError::lance(uri, "counting SSTable rows"))? as u64;
+    if !cols.has_tombstone {
+        return Ok((total, 0));
+    }
+    let mut scanner = sst.scan();
+    scanner
+        .project(&[TOMBSTONE_COLUMN])
+        .map_err(CompactorError::lance(uri, "projecting SSTable tombstones"))?;
+    let mut stream = scanner
+        .try_into_stream()
+        .await
+        .map_err(CompactorError::lance(uri, "scanning SSTable tombstones"))?;
+    let mut tombstones = 0u64;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(CompactorError::lance(uri, "scanning SSTable tombstones"))?;
+        let col = batch
+            .column(0)
+            .as_boolean_opt()
+            .ok_or_else(|| CompactorError::Corrupt {
+                uri: uri.to_string(),
+                reason: "an SSTable's `_tombstone` column is not boolean".into(),
+            })?;
+        tombstones += col.true_count() as u64;
+    }
+    Ok((total.saturating_sub(tombstones), tombstones))
+}
+
+/// Merges SSTable dataset `sst` (generation `generation` of `shard`, at
+/// `dir`) into `base`, committing against `base`'s version.
+pub(crate) async fn merge_sstable(
+    base: Arc<Dataset>,
+    sst: &Dataset,
+    shard: ShardId,
+    generation: u64,
+    dir: &str,
+    uri: &str,
+) -> std::result::Result<(Arc<Dataset>, Merged), Attempt> {
+    let cols = columns(&base, sst, uri, dir)?;
+    let marker = vec![CompactedSsTable::new(shard.uuid(), generation)];
+    let keyed = !base.schema().unenforced_primary_key().is_empty();
+    let (live, tombstones) = counts(sst, &cols, uri).await?;
+    let mut merged = Merged::default();
+    if live == 0 && tombstones == 0 {
+        let txn = Transaction::new(
+            base.manifest.version,
+            Operation::UpdateMemWalState {
+                compacted_sstables: marker,
+            },
+            None,
+        );
+        let ds = CommitBuilder::new(base)
+            .execute(txn)
+            .await
+            .map_err(Attempt::Commit)?;
+        merged.commits = 1;
+        return Ok((Arc::new(ds), merged));
+    }
+    if !keyed {
+        if tombstones > 0 {
+            return Err(Attempt::Failed(CompactorError::Corrupt {
+                uri: uri.to_string(),
+                reason: format!("SSTable `{dir}` of an append-only table holds deletes"),
+            }));
+        }
+        let ds = append(base, sst, &cols, marker, uri).await?;
+        merged.rows_written = live;
+        merged.commits = 1;
+        return Ok((ds, merged));
+    }
+    let key_names: Vec<String> = cols
+        .keys
+        .iter()
+        .map(|&i| cols.out.field(i).name().clone())
+        .collect();
+    let mut ds = base;
+    if tombstones > 0 {
+        let source = rows(sst, &cols, Rows::Tombstones, true, uri).await?;
+        let mut b = MergeInsertBuilder::try_new(ds.clone(), key_names.clone())
+            .map_err(CompactorError::lance(uri, "planning the delete pass"))?;
+        b.when_matched(WhenMatched::Delete)
+            .when_not_matched(WhenNotMatched::DoNothing)
+            .conflict_retries(0);
+        if live == 0 {
+            b.mark_sstables_as_compacted(marker.clone());
+        }
+        let job = b
+            .try_build()
+            .map_err(CompactorError::lance(uri, "planning the delete pass"))?;
+        let (next, _) = job.execute(source).await.map_err(Attempt::Commit)?;
+        ds = next;
+        merged.tombstones = tombstones;
+        merged.commits += 1;
+    }
+    if live > 0 {
+        let source = rows(sst, &cols, Rows::Live, false, uri).await?;
+        let mut b = MergeInsertBuilder::try_new(ds.clone(), key_names)
+            .map_err(CompactorError::lance(uri, "planning the upsert pass"))?;
+        b.when_matched(WhenMatched::UpdateAll)
+            .when_not_matched(WhenNotMatched::InsertAll)
+            .conflict_retries(0)
+            .mark_sstables_as_compacted(marker);
+        let job = b
+            .try_build()
+            .map_err(CompactorError::lance(uri, "planning the upsert pass"))?;
+        let (next, _) = job.execute(source).await.map_err(Attempt::Commit)?;
+        ds = next;
+        merged.rows_written = live;
+        merged.commits += 1;
+    }
+    Ok((ds, merged))
+}
+
+/// Append-only: new fragments plus the marker in one `Update` commit.
+async fn append(
+    base: Arc<Dataset>,
+    sst: &Dataset,
+    cols: &Columns,
+    marker: Vec<CompactedSsTable>,
+    uri: &str,
+) -> std::result::Result<Arc<Dataset>, Attempt> {
+    let source = rows(sst, cols, Rows::Live, false, uri).await?;
+    let params = WriteParams {
+        mode: WriteMode::Append,
+        ..Default::default()
+    };
+    let written = InsertBuilder::new(base.clone())
+        .with_params(&params)
+        .execute_uncommitted_stream(source)
+        .await
+        .map_err(CompactorError::lance(uri, "writing appended fragments"))?;
+    let Operation::Append { fragments } = written.operation else {
+        return Err(Attempt::Failed(CompactorError::Corrupt {
+            uri: uri.to_string(),
+            reason: format!("lance planned a `{}` for an append", written.operation),
+        }));
+    };
+    let txn = Transaction::new(
+        base.manifest.version,
+        Operation::Update {
+            removed_fragment_ids: Vec::new(),
+            updated_fragments: Vec::new(),
+            new_fragments: fragments,
+            fields_modified: Vec::new(),
+            compacted_sstables: marker,
+            fields_for_preserving_frag_bitmap: Vec::new(),
+            update_mode: None,
+            inserted_rows_filter: None,
+            updated_fragment_offsets: None,
+        },
+        None,
+    );
+    CommitBuilder::new(base)
+        .execute(txn)
+        .await
+        .map(Arc::new)
+        .map_err(Attempt::Commit)
+}

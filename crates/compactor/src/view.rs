@@ -1,0 +1,104 @@
+//! What a reader should read: the base table plus, per shard, the
+//! published SSTables the base does not contain yet.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use lance::Dataset;
+use memwal_fencing::ShardId;
+use memwal_proto::SsTable;
+use memwal_sstable::LanceStore;
+use memwal_store::{RetryPolicy, StoreLocation};
+use memwal_table::BaseTable;
+
+use crate::init::open_dataset;
+use crate::shards::{compacted_generations, index_caught_up, latest_manifest, list_shards};
+use crate::Result;
+
+/// One shard as a reader should see it.
+#[derive(Debug, Clone)]
+pub struct ShardView {
+    /// The shard.
+    pub shard: ShardId,
+    /// The shard's sharding spec id (0: manual).
+    pub spec_id: u32,
+    /// The manifest's `current_generation` (the generation in memory).
+    pub current_generation: u64,
+    /// Generations up to this one are in the base table (or, for an
+    /// index-served read, in the index) and must not be read again.
+    pub floor: u64,
+    /// Published SSTables above `floor`, ascending by generation.
+    pub sstables: Vec<SsTable>,
+}
+
+/// A consistent read: the base table and every shard's SSTables above what
+/// that base version contains.
+#[derive(Debug, Clone)]
+pub struct TableView {
+    /// The base table, at a version read after every shard manifest, so no
+    /// SSTable a writer pruned is missing from both.
+    pub base: Arc<Dataset>,
+    /// `compacted_sstables` of that base version.
+    pub compacted: BTreeMap<ShardId, u64>,
+    /// Every shard with a manifest, in id order.
+    pub shards: Vec<ShardView>,
+}
+
+/// Builds the read view of the table at `loc`.
+///
+/// `index`: `None` for a scan of the base table's data; `Some(name)` for a
+/// read served by base-table index `name`, whose floor per shard is what
+/// that index has caught up to (an absent entry: nothing), never above
+/// `compacted_sstables`.
+///
+/// Manifests are read before the base table: a writer drops SSTables from
+/// its manifest only once the base records them compacted, so reading in
+/// this order never loses a generation (reading the base first could pair
+/// an old base with a pruned manifest).
+pub async fn table_view(
+    loc: &StoreLocation,
+    index: Option<&str>,
+    retry: &RetryPolicy,
+) -> Result<TableView> {
+    let mut manifests = Vec::new();
+    for shard in list_shards(loc).await? {
+        if let Some(m) = latest_manifest(loc, shard, retry).await? {
+            manifests.push((shard, m));
+        }
+    }
+    let lance = LanceStore::new(loc.store.clone());
+    let base = open_dataset(&lance, loc).await?;
+    let table = BaseTable::of_dataset(&base, &loc.uri).await?;
+    let compacted = compacted_generations(&loc.uri, table.mem_wal.as_ref())?;
+    let caught_up = index
+        .map(|name| index_caught_up(&loc.uri, table.mem_wal.as_ref(), name))
+        .transpose()?;
+    let shards = manifests
+        .into_iter()
+        .map(|(shard, m)| {
+            let compacted = compacted.get(&shard).copied().unwrap_or(0);
+            let floor = match &caught_up {
+                None => compacted,
+                Some(c) => c.get(&shard).copied().unwrap_or(0).min(compacted),
+            };
+            let mut sstables: Vec<SsTable> = m
+                .sstables
+                .into_iter()
+                .filter(|s| s.generation > floor)
+                .collect();
+            sstables.sort_by_key(|s| s.generation);
+            ShardView {
+                shard,
+                spec_id: m.shard_spec_id,
+                current_generation: m.current_generation,
+                floor,
+                sstables,
+            }
+        })
+        .collect();
+    Ok(TableView {
+        base,
+        compacted,
+        shards,
+    })
+}

@@ -1,0 +1,8 @@
+//! Compactor tests: memwal's writer produces generations on a local table,
+//! the compactor merges them, and the base table (read with lance) and the
+//! reader view (read with upstream's `LsmScanner`) are checked against a
+//! last-write-wins model.
+
+mod compaction;
+mod faults;
+mod support;
