@@ -14,6 +14,7 @@
 
 mod compact;
 mod error;
+mod gc;
 mod init;
 mod merge;
 mod shards;
@@ -22,6 +23,7 @@ mod view;
 
 pub use compact::{Compactor, CompactorConfig, ShardReport};
 pub use error::{CompactorError, Result};
+pub use gc::{collect_garbage, GcConfig, GcReport};
 pub use init::{create_table, install_mem_wal, TableSharding};
 pub use shards::{compacted_generations, index_caught_up, latest_manifest, list_shards};
 pub use task::CompactorTask;

@@ -138,6 +138,27 @@ fn write_stream(schema: &Schema, batches: &[RecordBatch], capacity: usize) -> Wa
     }
 }
 
+/// The `writer_epoch` of an entry from a prefix of its bytes (the stream's
+/// schema message comes first). `None` when the prefix does not hold a
+/// complete schema message or it carries no decimal epoch; the caller then
+/// reads the whole entry.
+pub fn peek_epoch(prefix: &Bytes) -> Option<u64> {
+    let peek = || {
+        let mut decoder = StreamDecoder::new();
+        let mut buf = Buffer::from(prefix.clone());
+        while decoder.schema().is_none() && !buf.is_empty() {
+            decoder.decode(&mut buf).ok()?;
+        }
+        decoder
+            .schema()?
+            .metadata()
+            .get(WRITER_EPOCH_KEY)?
+            .parse::<u64>()
+            .ok()
+    };
+    catch_unwind(AssertUnwindSafe(peek)).ok().flatten()
+}
+
 /// Decodes an entry's bytes; `Err(reason)` when they are not a complete,
 /// valid entry. See [`crate::WalLocation::read_entry`] for the typed error.
 ///
@@ -229,6 +250,33 @@ fn decode_unguarded(bytes: &Bytes) -> Result<WalEntry, String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn peek_epoch_reads_the_schema_message_only() {
+        let sentinel = encode_sentinel(7);
+        assert_eq!(peek_epoch(&sentinel), Some(7));
+        let schema = std::sync::Arc::new(Schema::new(vec![arrow_schema::Field::new(
+            "v",
+            arrow_schema::DataType::Int64,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![std::sync::Arc::new(arrow_array::Int64Array::from(vec![
+                1i64;
+                4096
+            ]))],
+        )
+        .unwrap();
+        let bytes = encode_entry(42, Some(3), &[batch]).unwrap();
+        // The first kilobyte holds the schema message, not the batch.
+        assert!(bytes.len() > 4096);
+        assert_eq!(peek_epoch(&bytes.slice(..1024)), Some(42));
+        // Too short for the schema message, or garbage: unknown, not a guess.
+        assert_eq!(peek_epoch(&bytes.slice(..8)), None);
+        assert_eq!(peek_epoch(&Bytes::from_static(b"not an ipc stream")), None);
+    }
+
     use super::*;
     use arrow_array::{Int64Array, StringArray};
     use arrow_schema::{DataType, Field};

@@ -5,4 +5,5 @@
 
 mod compaction;
 mod faults;
+mod gc;
 mod support;

@@ -146,6 +146,12 @@ impl Fixture {
         let view = table_view(&self.plain, None, &RetryPolicy::default())
             .await
             .expect("table_view");
+        self.read_view(&view).await
+    }
+
+    /// Reads `view` (possibly taken earlier) through upstream's LsmScanner
+    /// at the base version it names.
+    pub async fn read_view(&self, view: &memwal_compactor::TableView) -> (Model, Vec<i64>) {
         let snapshots: Vec<ShardSnapshot> = view
             .shards
             .iter()
@@ -159,9 +165,14 @@ impl Fixture {
                 snap
             })
             .collect();
-        // Upstream reads through its own store: the base opened by path.
-        let base = Arc::new(Dataset::open(&self.path).await.unwrap());
-        assert_eq!(base.version().version, view.base.version().version);
+        // Upstream reads through its own store: the base opened by path,
+        // at the view's version.
+        let base = Dataset::open(&self.path).await.unwrap();
+        let base = Arc::new(
+            base.checkout_version(view.base.version().version)
+                .await
+                .unwrap(),
+        );
         let on = if self.keyed {
             vec!["id".to_string()]
         } else {
