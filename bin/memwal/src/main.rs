@@ -1,7 +1,10 @@
 //! `memwal`: command-line access to MemWAL shards of a Lance table.
 //!
-//! Today it manages shard manifests (create, claim, seal, unseal, show); the
-//! ingestion daemon will be served from this binary as well.
+//! Table setup (`init`), maintenance (`compact`, `gc`) and shard manifest
+//! operations (`shard …`); the ingestion daemon will be served from this
+//! binary as well.
+
+mod table;
 
 use std::process::ExitCode;
 
@@ -24,6 +27,43 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Create a base table with the MemWAL index (e.g. `memwal init ./data/t
+    /// --column id:int64:key --column v:utf8 --sharding 'bucket(id, 4)'`).
+    Init {
+        /// Table URI: a local directory, file://, memory:// or s3://bucket/prefix.
+        uri: String,
+        /// A column as NAME:TYPE or NAME:TYPE:key (key columns form the
+        /// primary key, in order; none: an append-only table).
+        #[arg(long = "column", required = true)]
+        columns: Vec<String>,
+        /// unsharded, bucket(COLUMN, N) or identity(COLUMN).
+        #[arg(long, default_value = "unsharded")]
+        sharding: String,
+    },
+    /// Merge every shard's published SSTables into the base table (one cycle).
+    Compact {
+        /// Table URI.
+        uri: String,
+    },
+    /// Delete what no reader or writer can need any more: compacted
+    /// SSTables, abandoned flushes, flushed WAL entries, old manifests.
+    Gc {
+        /// Table URI.
+        uri: String,
+        /// Report what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep everything younger than this (e.g. 10m, 1h).
+        #[arg(long, default_value = "10m", value_parser = table::parse_duration)]
+        grace: std::time::Duration,
+        /// Manifest versions kept per shard besides the grace rule.
+        #[arg(long, default_value_t = 10)]
+        keep_manifests: usize,
+        /// Also remove base table versions older than this (lance cleanup);
+        /// without it SSTables wait for the owner's own cleanup.
+        #[arg(long, value_parser = table::parse_duration)]
+        base_retention: Option<std::time::Duration>,
+    },
     /// Shard manifest operations.
     Shard {
         #[command(subcommand)]
@@ -112,7 +152,22 @@ fn describe(m: &ShardManifest) -> String {
 }
 
 async fn run(cli: Cli) -> Result<String, String> {
-    let Command::Shard { op } = cli.command;
+    let op = match cli.command {
+        Command::Init {
+            uri,
+            columns,
+            sharding,
+        } => return table::init(&uri, &columns, &sharding).await,
+        Command::Compact { uri } => return table::compact(&uri).await,
+        Command::Gc {
+            uri,
+            dry_run,
+            grace,
+            keep_manifests,
+            base_retention,
+        } => return table::gc(&uri, dry_run, grace, keep_manifests, base_retention).await,
+        Command::Shard { op } => op,
+    };
     let err = |e: FencingError| e.to_string();
     match op {
         ShardOp::NewId => Ok(format!("{}\n", ShardId::random())),

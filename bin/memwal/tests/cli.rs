@@ -52,3 +52,36 @@ fn claim_seal_unseal_show_on_a_local_table() {
     let (ok, _, err) = memwal(&["shard", "show", "--table", table, "--shard", "not-a-uuid"]);
     assert!(!ok && err.contains("invalid shard id"), "{err}");
 }
+
+// Breaks if `init` does not create a table the writer and compactor accept
+// (a compact on it must succeed and report no shards), if it accepts a bad
+// column spec or an existing table, or if compact/gc refuse a valid table.
+#[test]
+fn init_compact_and_gc_on_a_local_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t");
+    let table = table.to_str().unwrap();
+    let (ok, out, err) = memwal(&[
+        "init",
+        table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("primary key: id"), "{out}");
+    let (ok, _, err) = memwal(&["init", table, "--column", "id:int64:key"]);
+    assert!(!ok && err.contains("already exists"), "{err}");
+    let (ok, _, err) = memwal(&["init", &format!("{table}2"), "--column", "id:int99"]);
+    assert!(!ok && err.contains("unknown type"), "{err}");
+    let (ok, out, err) = memwal(&["compact", table]);
+    assert!(ok && out.contains("no shards"), "{out} {err}");
+    let (ok, _, err) = memwal(&["gc", table, "--dry-run", "--grace", "0"]);
+    assert!(ok, "{err}");
+    // A plain directory is not a table.
+    let (ok, _, err) = memwal(&["compact", dir.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("no Lance table"), "{err}");
+}

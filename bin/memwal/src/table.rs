@@ -1,0 +1,224 @@
+//! `memwal init`, `memwal compact`, `memwal gc`: table setup and
+//! maintenance.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_schema::{DataType, Field, Schema, TimeUnit};
+use memwal_compactor::{
+    collect_garbage, create_table, Compactor, CompactorConfig, GcConfig, TableSharding,
+};
+use memwal_store::open_store;
+
+/// Column types `--column NAME:TYPE[:key]` accepts.
+const TYPES: &str = "int32, int64, uint64, float32, float64, bool, utf8, large_utf8, binary, \
+                     date32, timestamp_us";
+
+fn data_type(name: &str) -> Option<DataType> {
+    Some(match name {
+        "int32" => DataType::Int32,
+        "int64" => DataType::Int64,
+        "uint64" => DataType::UInt64,
+        "float32" => DataType::Float32,
+        "float64" => DataType::Float64,
+        "bool" => DataType::Boolean,
+        "utf8" | "string" => DataType::Utf8,
+        "large_utf8" => DataType::LargeUtf8,
+        "binary" => DataType::Binary,
+        "date32" => DataType::Date32,
+        "timestamp_us" => DataType::Timestamp(TimeUnit::Microsecond, None),
+        _ => return None,
+    })
+}
+
+/// Parses `--column` specs into a schema; `:key` columns form the primary
+/// key (in the order given) and are non-nullable, the others nullable.
+pub fn parse_schema(columns: &[String]) -> Result<Arc<Schema>, String> {
+    if columns.is_empty() {
+        return Err("give at least one --column NAME:TYPE[:key]".into());
+    }
+    let mut fields = Vec::new();
+    let mut key_position = 0;
+    for spec in columns {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let (name, ty, key) = match parts.as_slice() {
+            [n, t] => (*n, *t, false),
+            [n, t, "key"] => (*n, *t, true),
+            _ => {
+                return Err(format!(
+                    "column `{spec}`: expected NAME:TYPE or NAME:TYPE:key"
+                ))
+            }
+        };
+        if name.is_empty() {
+            return Err(format!("column `{spec}` has no name"));
+        }
+        let dt = data_type(ty)
+            .ok_or_else(|| format!("column `{name}`: unknown type `{ty}` (one of: {TYPES})"))?;
+        let mut field = Field::new(name, dt, !key);
+        if key {
+            key_position += 1;
+            field = field.with_metadata(HashMap::from([
+                (
+                    "lance-schema:unenforced-primary-key".to_string(),
+                    "true".to_string(),
+                ),
+                (
+                    "lance-schema:unenforced-primary-key:position".to_string(),
+                    key_position.to_string(),
+                ),
+            ]));
+        }
+        fields.push(field);
+    }
+    Ok(Arc::new(Schema::new(fields)))
+}
+
+/// Parses a duration such as `10m`, `30s`, `7d` or `0`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s).map_err(|e| format!("`{s}`: {e}"))
+}
+
+/// `memwal init`.
+pub async fn init(uri: &str, columns: &[String], sharding: &str) -> Result<String, String> {
+    let schema = parse_schema(columns)?;
+    let sharding: TableSharding = sharding.parse()?;
+    let loc = open_store(uri).map_err(|e| e.to_string())?;
+    let table = create_table(&loc, schema, &sharding)
+        .await
+        .map_err(|e| e.to_string())?;
+    let keys: Vec<String> = table
+        .schema
+        .fields()
+        .iter()
+        .filter(|f| {
+            f.metadata()
+                .contains_key("lance-schema:unenforced-primary-key")
+        })
+        .map(|f| f.name().clone())
+        .collect();
+    Ok(format!(
+        "created table {uri} (version {}), primary key: {}, sharding: {sharding:?}\n",
+        table.version,
+        if keys.is_empty() {
+            "none (append-only)".to_string()
+        } else {
+            keys.join(", ")
+        }
+    ))
+}
+
+/// `memwal compact`: one cycle; fails when any shard failed.
+pub async fn compact(uri: &str) -> Result<String, String> {
+    let loc = open_store(uri).map_err(|e| e.to_string())?;
+    let reports = Compactor::new(loc, CompactorConfig::default())
+        .run_once()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = String::new();
+    let mut failed = Vec::new();
+    for r in reports {
+        match r {
+            Ok(r) => out.push_str(&format!(
+                "shard {}: compacted {} -> {} ({} generations, {} rows, {} tombstones, {} commits)\n",
+                r.shard.map(|s| s.to_string()).unwrap_or_default(),
+                r.compacted_before,
+                r.compacted_after,
+                r.merged.len(),
+                r.rows_written,
+                r.tombstones,
+                r.commits
+            )),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    if out.is_empty() && failed.is_empty() {
+        out.push_str("no shards\n");
+    }
+    if failed.is_empty() {
+        Ok(out)
+    } else {
+        Err(format!("{out}{}", failed.join("\n")))
+    }
+}
+
+/// `memwal gc`.
+pub async fn gc(
+    uri: &str,
+    dry_run: bool,
+    grace: Duration,
+    keep_manifests: usize,
+    base_retention: Option<Duration>,
+) -> Result<String, String> {
+    let loc = open_store(uri).map_err(|e| e.to_string())?;
+    let config = GcConfig {
+        grace,
+        keep_manifest_versions: keep_manifests,
+        base_retention,
+        dry_run,
+        ..GcConfig::default()
+    };
+    let reports = collect_garbage(&loc, &config)
+        .await
+        .map_err(|e| e.to_string())?;
+    let verb = if dry_run { "would delete" } else { "deleted" };
+    let mut out = String::new();
+    let mut failed = Vec::new();
+    for r in reports {
+        match r {
+            Ok(r) => out.push_str(&format!(
+                "shard {}: {verb} {} SSTables, {} abandoned flushes, {} WAL entries, {} manifest versions ({} objects, {} bytes)\n",
+                r.shard.map(|s| s.to_string()).unwrap_or_default(),
+                r.sstables.len(),
+                r.abandoned.len(),
+                r.wal_entries.len(),
+                r.manifest_versions.len(),
+                r.objects,
+                r.bytes
+            )),
+            Err(e) => failed.push(e.to_string()),
+        }
+    }
+    if failed.is_empty() {
+        Ok(out)
+    } else {
+        Err(format!("{out}{}", failed.join("\n")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn column_specs_parse_and_bad_ones_are_named() {
+        let s = parse_schema(&["id:int64:key".into(), "v:utf8".into()]).unwrap();
+        assert!(!s.field(0).is_nullable() && s.field(1).is_nullable());
+        assert!(s
+            .field(0)
+            .metadata()
+            .contains_key("lance-schema:unenforced-primary-key"));
+        for (bad, needle) in [
+            ("id", "expected NAME:TYPE"),
+            ("id:int128", "unknown type `int128`"),
+            (":int64", "has no name"),
+            ("id:int64:primary", "expected NAME:TYPE"),
+        ] {
+            let e = parse_schema(&[bad.to_string()]).unwrap_err();
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
+        assert!(parse_schema(&[]).is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86400)));
+        assert!(parse_duration("soon").is_err());
+    }
+}
