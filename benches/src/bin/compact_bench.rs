@@ -25,7 +25,9 @@ use arrow_array::builder::StringBuilder;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchIterator};
 use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use lance::dataset::builder::DatasetBuilder;
-use lance::dataset::{InsertBuilder, MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode, WriteParams};
+use lance::dataset::{
+    InsertBuilder, MergeInsertBuilder, WhenMatched, WhenNotMatched, WriteMode, WriteParams,
+};
 use lance::Dataset;
 use memwal::{ShardId, ShardWriter, ShardWriterConfig};
 use memwal_compactor::{create_table, Compactor, CompactorConfig, TableSharding};
@@ -108,10 +110,17 @@ fn schema(keyed: bool) -> SchemaRef {
     let mut id = Field::new("id", DataType::Int64, false);
     if keyed {
         id = id.with_metadata(
-            [("lance-schema:unenforced-primary-key".to_string(), "true".to_string())].into(),
+            [(
+                "lance-schema:unenforced-primary-key".to_string(),
+                "true".to_string(),
+            )]
+            .into(),
         );
     }
-    Arc::new(Schema::new(vec![id, Field::new("v", DataType::Utf8, false)]))
+    Arc::new(Schema::new(vec![
+        id,
+        Field::new("v", DataType::Utf8, false),
+    ]))
 }
 
 /// Rows `ids` as written by generation `g` (distinct payloads).
@@ -126,7 +135,10 @@ fn batch(keyed: bool, ids: impl Iterator<Item = (usize, usize)>) -> RecordBatch 
     }
     RecordBatch::try_new(
         schema(keyed),
-        vec![Arc::new(Int64Array::from(keys)) as ArrayRef, Arc::new(v.finish())],
+        vec![
+            Arc::new(Int64Array::from(keys)) as ArrayRef,
+            Arc::new(v.finish()),
+        ],
     )
     .unwrap()
 }

@@ -15,7 +15,7 @@ use memwal_table::BaseTable;
 use tracing::Instrument;
 
 use crate::init::open_dataset;
-use crate::merge::{merge_sstable, Attempt, Merged};
+use crate::merge::{merge_sstables, Attempt, Merged};
 use crate::shards::{compacted_generations, latest_manifest, list_shards};
 use crate::{names, CompactorError, Result};
 
@@ -28,6 +28,13 @@ pub struct CompactorConfig {
     /// get in the way before the cycle gives up on that shard with
     /// [`CompactorError::Contention`]. Default 10.
     pub max_conflicts: u32,
+    /// Consecutive generations of a shard merged in one commit (last write
+    /// wins resolved across them first), at most. Default 8; 1 merges one
+    /// generation per commit.
+    pub max_group: usize,
+    /// ... and at most this much of their in-memory size (the memory a
+    /// commit's key resolution and passes work over). Default 256 MiB.
+    pub max_commit_bytes: u64,
 }
 
 impl Default for CompactorConfig {
@@ -35,6 +42,8 @@ impl Default for CompactorConfig {
         Self {
             retry: RetryPolicy::default(),
             max_conflicts: 10,
+            max_group: 8,
+            max_commit_bytes: 256 << 20,
         }
     }
 }
@@ -162,42 +171,52 @@ impl Compactor {
             .collect();
         pending.sort_by_key(|s| s.generation);
         self.record_lag(shard, &pending, compacted);
-        for sst in &pending {
-            if sst.generation <= compacted {
+        let mut next = 0;
+        while next < pending.len() {
+            if pending[next].generation <= compacted {
+                next += 1;
                 continue;
             }
+            let group = self.group(&pending[next..]);
+            let last = group.last().expect("a group is never empty").generation;
+            let dirs = group
+                .iter()
+                .map(|s| s.path.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
             let started = Instant::now();
-            let reader = SsTableReader::open(&self.lance, &layout, &sst.path, &schema)
-                .await
-                .map_err(|source| CompactorError::SsTable {
-                    shard,
-                    dir: sst.path.clone(),
-                    source: Box::new(source),
-                })?;
+            let mut readers = Vec::with_capacity(group.len());
+            for sst in group {
+                readers.push(
+                    SsTableReader::open(&self.lance, &layout, &sst.path, &schema)
+                        .await
+                        .map_err(|source| CompactorError::SsTable {
+                            shard,
+                            dir: sst.path.clone(),
+                            source: Box::new(source),
+                        })?,
+                );
+            }
+            let datasets: Vec<_> = readers.iter().map(|r| r.dataset()).collect();
             let mut attempts = 0u32;
             loop {
                 attempts += 1;
                 let step = tracing::info_span!(
-                    "compact_generation",
-                    generation = sst.generation,
+                    "compact_generations",
+                    first = group[0].generation,
+                    last,
                     attempts
                 );
-                let result = merge_sstable(
-                    base.clone(),
-                    reader.dataset(),
-                    shard,
-                    sst.generation,
-                    &sst.path,
-                    uri,
-                )
-                .instrument(step)
-                .await;
+                let result = merge_sstables(base.clone(), &datasets, shard, last, &dirs, uri)
+                    .instrument(step)
+                    .await;
                 match result {
-                    Ok((next, merged)) => {
-                        base = next;
-                        compacted = sst.generation;
-                        report.merged.push(sst.generation);
-                        self.count(&mut report, merged, started);
+                    Ok((ds, merged)) => {
+                        base = ds;
+                        compacted = last;
+                        report.merged.extend(group.iter().map(|s| s.generation));
+                        self.count(&mut report, merged, group.len(), started);
+                        next += group.len();
                         break;
                     }
                     Err(Attempt::Failed(e)) => return Err(e),
@@ -205,21 +224,27 @@ impl Compactor {
                         // Whatever happened, the base decides: reload it
                         // and read the marker again.
                         base = open_dataset(&self.lance, &self.loc).await?;
-                        compacted = self.progress(&base, shard).await?.1;
-                        if compacted >= sst.generation {
+                        let recorded = self.progress(&base, shard).await?.1;
+                        if recorded > compacted {
                             tracing::info!(
-                                generation = sst.generation,
-                                "generation compacted by a concurrent compactor"
+                                recorded,
+                                "generations compacted by a concurrent compactor"
                             );
-                            report.skipped.push(sst.generation);
+                            report.skipped.extend(
+                                group
+                                    .iter()
+                                    .map(|s| s.generation)
+                                    .filter(|g| *g <= recorded),
+                            );
+                            compacted = recorded;
                             break;
                         }
                         if !is_conflict(&e) {
                             return Err(CompactorError::Lance {
                                 uri: uri.to_string(),
                                 what: format!(
-                                    "merging generation {} of shard {shard}",
-                                    sst.generation
+                                    "merging generations {}..={last} of shard {shard}",
+                                    group[0].generation
                                 ),
                                 source: Box::new(e),
                             });
@@ -229,11 +254,11 @@ impl Compactor {
                             return Err(CompactorError::Contention {
                                 uri: uri.to_string(),
                                 shard,
-                                generation: sst.generation,
+                                generation: group[0].generation,
                                 attempts,
                             });
                         }
-                        tracing::debug!(error = %e, "commit conflict; retrying the generation");
+                        tracing::debug!(error = %e, "commit conflict; retrying the generations");
                     }
                 }
             }
@@ -258,11 +283,34 @@ impl Compactor {
         Ok((table, done))
     }
 
-    fn count(&self, report: &mut ShardReport, merged: Merged, started: Instant) {
+    /// The longest prefix of `pending` merged in one commit: at most
+    /// `max_group` generations and `max_commit_bytes` of their in-memory
+    /// size (an SSTable that does not record it counts as 64 MiB); always
+    /// at least one.
+    fn group<'a>(&self, pending: &'a [memwal_proto::SsTable]) -> &'a [memwal_proto::SsTable] {
+        let mut bytes = 0u64;
+        let mut n = 0;
+        for s in pending.iter().take(self.config.max_group.max(1)) {
+            bytes += s.in_memory_bytes.unwrap_or(64 << 20);
+            if n > 0 && bytes > self.config.max_commit_bytes {
+                break;
+            }
+            n += 1;
+        }
+        &pending[..n.max(1)]
+    }
+
+    fn count(
+        &self,
+        report: &mut ShardReport,
+        merged: Merged,
+        generations: usize,
+        started: Instant,
+    ) {
         report.rows_written += merged.rows_written;
         report.tombstones += merged.tombstones;
         report.commits += merged.commits;
-        metrics::counter!(names::GENERATIONS).increment(1);
+        metrics::counter!(names::GENERATIONS).increment(generations as u64);
         metrics::counter!(names::ROWS).increment(merged.rows_written);
         metrics::counter!(names::TOMBSTONES).increment(merged.tombstones);
         metrics::histogram!(names::GENERATION_SECONDS).record(started.elapsed().as_secs_f64());

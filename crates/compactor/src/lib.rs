@@ -17,6 +17,7 @@ mod error;
 mod gc;
 mod init;
 mod merge;
+mod resolve;
 mod shards;
 mod task;
 mod view;

@@ -42,6 +42,7 @@ use lance_index::mem_wal::CompactedSsTable;
 use memwal_fencing::ShardId;
 use memwal_memtable::TOMBSTONE_COLUMN;
 
+use crate::resolve::Newest;
 use crate::{CompactorError, Result};
 
 /// What merging one SSTable did.
@@ -156,6 +157,7 @@ async fn rows(
     kind: Rows,
     keys_only: bool,
     uri: &str,
+    newest: Option<(Arc<Newest>, usize)>,
 ) -> Result<SendableRecordBatchStream> {
     let mut project: Vec<String> = if keys_only {
         cols.keys.iter().map(|&i| cols.read[i].clone()).collect()
@@ -185,10 +187,17 @@ async fn rows(
         .map_err(CompactorError::lance(uri, "scanning an SSTable"))?;
     let has_tombstone = cols.has_tombstone;
     let schema = out.clone();
+    let key_positions: Vec<usize> = if keys_only {
+        (0..cols.keys.len()).collect()
+    } else {
+        cols.keys.clone()
+    };
     let mapped = stream
         .map_err(|e| DataFusionError::External(Box::new(e)))
         .and_then(move |batch| {
             let schema = schema.clone();
+            let newest = newest.clone();
+            let key_positions = key_positions.clone();
             async move {
                 let n = batch.num_columns() - usize::from(has_tombstone);
                 let selected = if has_tombstone {
@@ -208,6 +217,17 @@ async fn rows(
                     batch.slice(0, 0).project(&(0..n).collect::<Vec<_>>())?
                 } else {
                     batch
+                };
+                let selected = match &newest {
+                    None => selected,
+                    Some((newest, idx)) => {
+                        let keys: Vec<_> = key_positions
+                            .iter()
+                            .map(|&i| selected.column(i).clone())
+                            .collect();
+                        let keep = newest.keep(*idx, kind == Rows::Tombstones, &keys)?;
+                        arrow_select_filter(&selected, &keep)?
+                    }
                 };
                 Ok(RecordBatch::try_new(schema, selected.columns().to_vec())?)
             }
@@ -255,20 +275,83 @@ async fn counts(sst: &Dataset, cols: &Columns, uri: &str) -> Result<(u64, u64)> 
     Ok((total.saturating_sub(tombstones), tombstones))
 }
 
-/// Merges SSTable dataset `sst` (generation `generation` of `shard`, at
-/// `dir`) into `base`, committing against `base`'s version.
-pub(crate) async fn merge_sstable(
+/// The rows of one kind of every group member, as one stream.
+async fn group_rows(
+    group: &[&Dataset],
+    cols: &[Columns],
+    kind: Rows,
+    keys_only: bool,
+    uri: &str,
+    newest: &Option<Arc<Newest>>,
+) -> Result<SendableRecordBatchStream> {
+    let mut streams = Vec::with_capacity(group.len());
+    for (i, sst) in group.iter().enumerate() {
+        let keep = newest.clone().map(|n| (n, i));
+        streams.push(rows(sst, &cols[i], kind, keys_only, uri, keep).await?);
+    }
+    let schema = streams[0].schema();
+    Ok(Box::pin(RecordBatchStreamAdapter::new(
+        schema,
+        futures::stream::iter(streams).flatten(),
+    )))
+}
+
+/// Merges the SSTable datasets of `group` (consecutive generations of
+/// `shard`, oldest first, the last one `generation`; `dirs` names them)
+/// into `base` in one set of passes, committing against `base`'s version.
+/// With more than one member, each key's newest operation across the group
+/// is the only one applied (last write wins across generations).
+pub(crate) async fn merge_sstables(
     base: Arc<Dataset>,
-    sst: &Dataset,
+    group: &[&Dataset],
     shard: ShardId,
     generation: u64,
-    dir: &str,
+    dirs: &str,
     uri: &str,
 ) -> std::result::Result<(Arc<Dataset>, Merged), Attempt> {
-    let cols = columns(&base, sst, uri, dir)?;
+    let cols: Vec<Columns> = group
+        .iter()
+        .map(|sst| columns(&base, sst, uri, dirs))
+        .collect::<Result<_>>()?;
+    if cols
+        .iter()
+        .any(|c| c.out != cols[0].out || c.has_tombstone != cols[0].has_tombstone)
+    {
+        return Err(Attempt::Failed(CompactorError::Corrupt {
+            uri: uri.to_string(),
+            reason: format!("SSTables {dirs} of shard {shard} differ in their columns"),
+        }));
+    }
     let marker = vec![CompactedSsTable::new(shard.uuid(), generation)];
     let keyed = !base.schema().unenforced_primary_key().is_empty();
-    let (live, tombstones) = counts(sst, &cols, uri).await?;
+    let newest = if keyed && group.len() > 1 {
+        let key_names: Vec<String> = cols[0]
+            .keys
+            .iter()
+            .map(|&i| cols[0].read[i].clone())
+            .collect();
+        let key_types = cols[0]
+            .keys
+            .iter()
+            .map(|&i| cols[0].out.field(i).data_type().clone())
+            .collect();
+        Some(Arc::new(
+            Newest::build(group, &key_names, key_types, cols[0].has_tombstone, uri).await?,
+        ))
+    } else {
+        None
+    };
+    let (live, tombstones) = match &newest {
+        Some(n) => n.counts(),
+        None => {
+            let mut total = (0, 0);
+            for (sst, c) in group.iter().zip(&cols) {
+                let (l, t) = counts(sst, c, uri).await?;
+                total = (total.0 + l, total.1 + t);
+            }
+            total
+        }
+    };
     let mut merged = Merged::default();
     if live == 0 && tombstones == 0 {
         let txn = Transaction::new(
@@ -289,22 +372,23 @@ pub(crate) async fn merge_sstable(
         if tombstones > 0 {
             return Err(Attempt::Failed(CompactorError::Corrupt {
                 uri: uri.to_string(),
-                reason: format!("SSTable `{dir}` of an append-only table holds deletes"),
+                reason: format!("SSTables {dirs} of an append-only table hold deletes"),
             }));
         }
-        let ds = append(base, sst, &cols, marker, uri).await?;
+        let source = group_rows(group, &cols, Rows::Live, false, uri, &None).await?;
+        let ds = append(base, source, marker, uri).await?;
         merged.rows_written = live;
         merged.commits = 1;
         return Ok((ds, merged));
     }
-    let key_names: Vec<String> = cols
+    let key_names: Vec<String> = cols[0]
         .keys
         .iter()
-        .map(|&i| cols.out.field(i).name().clone())
+        .map(|&i| cols[0].out.field(i).name().clone())
         .collect();
     let mut ds = base;
     if tombstones > 0 {
-        let source = rows(sst, &cols, Rows::Tombstones, true, uri).await?;
+        let source = group_rows(group, &cols, Rows::Tombstones, true, uri, &newest).await?;
         let mut b = MergeInsertBuilder::try_new(ds.clone(), key_names.clone())
             .map_err(CompactorError::lance(uri, "planning the delete pass"))?;
         b.when_matched(WhenMatched::Delete)
@@ -322,7 +406,7 @@ pub(crate) async fn merge_sstable(
         merged.commits += 1;
     }
     if live > 0 {
-        let source = rows(sst, &cols, Rows::Live, false, uri).await?;
+        let source = group_rows(group, &cols, Rows::Live, false, uri, &newest).await?;
         let mut b = MergeInsertBuilder::try_new(ds.clone(), key_names)
             .map_err(CompactorError::lance(uri, "planning the upsert pass"))?;
         b.when_matched(WhenMatched::UpdateAll)
@@ -343,12 +427,10 @@ pub(crate) async fn merge_sstable(
 /// Append-only: new fragments plus the marker in one `Update` commit.
 async fn append(
     base: Arc<Dataset>,
-    sst: &Dataset,
-    cols: &Columns,
+    source: SendableRecordBatchStream,
     marker: Vec<CompactedSsTable>,
     uri: &str,
 ) -> std::result::Result<Arc<Dataset>, Attempt> {
-    let source = rows(sst, cols, Rows::Live, false, uri).await?;
     let params = WriteParams {
         mode: WriteMode::Append,
         ..Default::default()

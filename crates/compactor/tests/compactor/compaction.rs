@@ -11,6 +11,17 @@ use crate::support::*;
 // not advanced with the data, or if a rerun applies anything twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_generations_compact_into_the_base_in_order() {
+    keyed_generations(1).await;
+}
+
+// As above with the generations merged in one commit (last write wins
+// resolved across them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_generations_compact_into_the_base_grouped() {
+    keyed_generations(8).await;
+}
+
+async fn keyed_generations(max_group: usize) {
     let f = Fixture::new(true, TableSharding::Unsharded).await;
     let w = f.writer(None).await;
     let mut model = Model::new();
@@ -19,7 +30,7 @@ async fn keyed_generations_compact_into_the_base_in_order() {
     assert_model(&f.view_rows().await, &model, "view before compaction");
     assert!(f.base_rows().await.0.is_empty(), "nothing compacted yet");
 
-    let reports = f.compactor().run_once().await.unwrap();
+    let reports = f.compactor_grouping(max_group).run_once().await.unwrap();
     let r = reports.into_iter().next().unwrap().unwrap();
     assert_eq!(
         (r.compacted_before, r.compacted_after, r.merged.clone()),
@@ -40,7 +51,13 @@ async fn keyed_generations_compact_into_the_base_in_order() {
         .unwrap()
         .version()
         .version;
-    let r = f.compactor().run_once().await.unwrap().remove(0).unwrap();
+    let r = f
+        .compactor_grouping(max_group)
+        .run_once()
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
     assert_eq!((r.merged.len(), r.commits), (0, 0), "{r:?}");
     assert_eq!(
         lance::Dataset::open(&f.path)
@@ -57,7 +74,13 @@ async fn keyed_generations_compact_into_the_base_in_order() {
     delete(&w, &mut model, &[4]).await;
     w.flush().await.unwrap();
     assert_model(&f.view_rows().await, &model, "view with one new generation");
-    let r = f.compactor().run_once().await.unwrap().remove(0).unwrap();
+    let r = f
+        .compactor_grouping(max_group)
+        .run_once()
+        .await
+        .unwrap()
+        .remove(0)
+        .unwrap();
     assert_eq!((r.compacted_before, r.compacted_after), (3, 4), "{r:?}");
     assert_model(
         &f.base_rows().await,
@@ -163,6 +186,11 @@ async fn append_only_generations_append_exactly_once() {
 // order (e.g. a replanned delete pass removing a newer row).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_compactors_apply_each_generation_once() {
+    concurrent_compactors(1).await;
+    concurrent_compactors(3).await;
+}
+
+async fn concurrent_compactors(max_group: usize) {
     let f = Fixture::new(true, TableSharding::Unsharded).await;
     let w = f.writer(None).await;
     let mut model = Model::new();
@@ -173,7 +201,10 @@ async fn concurrent_compactors_apply_each_generation_once() {
     w.flush().await.unwrap();
     put(&w, &mut model, &[15, 16], "back").await;
     w.flush().await.unwrap();
-    let (a, b) = (f.compactor(), f.compactor());
+    let (a, b) = (
+        f.compactor_grouping(max_group),
+        f.compactor_grouping(max_group),
+    );
     let (ra, rb) = tokio::join!(a.run_once(), b.run_once());
     let (ra, rb) = (
         ra.unwrap().remove(0).unwrap(),

@@ -101,8 +101,20 @@ impl Fixture {
         }
     }
 
+    /// A compactor with the default config (generations grouped).
     pub fn compactor(&self) -> Compactor {
         Compactor::new(self.loc(), CompactorConfig::default())
+    }
+
+    /// A compactor merging at most `max_group` generations per commit.
+    pub fn compactor_grouping(&self, max_group: usize) -> Compactor {
+        Compactor::new(
+            self.loc(),
+            CompactorConfig {
+                max_group,
+                ..CompactorConfig::default()
+            },
+        )
     }
 
     /// A writer of a new shard (bucket `b` on a bucket table).
