@@ -44,6 +44,21 @@ pub struct TableView {
     pub shards: Vec<ShardView>,
 }
 
+/// Generations of `shard` a reader must not read from SSTables: what the
+/// base holds, or for an index-served read what the index has caught up to
+/// (absent: nothing), never above what the base holds.
+fn read_floor(
+    compacted: &BTreeMap<ShardId, u64>,
+    caught_up: Option<&BTreeMap<ShardId, u64>>,
+    shard: ShardId,
+) -> u64 {
+    let compacted = compacted.get(&shard).copied().unwrap_or(0);
+    match caught_up {
+        None => compacted,
+        Some(c) => c.get(&shard).copied().unwrap_or(0).min(compacted),
+    }
+}
+
 /// Builds the read view of the table at `loc`.
 ///
 /// `index`: `None` for a scan of the base table's data; `Some(name)` for a
@@ -76,11 +91,7 @@ pub async fn table_view(
     let shards = manifests
         .into_iter()
         .map(|(shard, m)| {
-            let compacted = compacted.get(&shard).copied().unwrap_or(0);
-            let floor = match &caught_up {
-                None => compacted,
-                Some(c) => c.get(&shard).copied().unwrap_or(0).min(compacted),
-            };
+            let floor = read_floor(&compacted, caught_up.as_ref(), shard);
             let mut sstables: Vec<SsTable> = m
                 .sstables
                 .into_iter()
@@ -101,4 +112,34 @@ pub async fn table_view(
         compacted,
         shards,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_is_the_compacted_generation_capped_by_the_index() {
+        let (a, b) = (ShardId::random(), ShardId::random());
+        let compacted = BTreeMap::from([(a, 5), (b, 2)]);
+        assert_eq!(read_floor(&compacted, None, a), 5);
+        assert_eq!(read_floor(&compacted, None, ShardId::random()), 0);
+        let caught = BTreeMap::from([(a, 3), (b, 9)]);
+        assert_eq!(
+            read_floor(&compacted, Some(&caught), a),
+            3,
+            "index behind the base"
+        );
+        assert_eq!(
+            read_floor(&compacted, Some(&caught), b),
+            2,
+            "never above the base"
+        );
+        let none = BTreeMap::new();
+        assert_eq!(
+            read_floor(&compacted, Some(&none), a),
+            0,
+            "absent: not caught up"
+        );
+    }
 }

@@ -245,3 +245,50 @@ async fn a_table_without_the_index_is_refused() {
         "{e}"
     );
 }
+
+// Breaks if the background task does not run a cycle at start, or if stop
+// leaves it running (no more commits after stop returns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_task_compacts_and_stops() {
+    let f = Fixture::new(true, TableSharding::Unsharded).await;
+    let w = f.writer(None).await;
+    let mut model = Model::new();
+    put(&w, &mut model, &[1, 2, 3], "a").await;
+    w.flush().await.unwrap();
+    let task =
+        memwal_compactor::CompactorTask::spawn(f.compactor(), std::time::Duration::from_secs(3600));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while f.base_rows().await.0.len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no compaction within a minute"
+        );
+        tokio::task::yield_now().await;
+    }
+    task.stop().await;
+    let version = lance::Dataset::open(&f.path)
+        .await
+        .unwrap()
+        .version()
+        .version;
+    put(&w, &mut model, &[4], "b").await;
+    w.flush().await.unwrap();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        lance::Dataset::open(&f.path)
+            .await
+            .unwrap()
+            .version()
+            .version,
+        version,
+        "stopped"
+    );
+    assert_model(
+        &f.base_rows().await,
+        &[1, 2, 3].iter().map(|i| (*i, format!("a-{i}"))).collect(),
+        "base",
+    );
+    w.close().await.unwrap();
+}
