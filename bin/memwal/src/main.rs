@@ -4,6 +4,7 @@
 //! operations (`shard …`); the ingestion daemon will be served from this
 //! binary as well.
 
+mod serve;
 mod table;
 
 use std::process::ExitCode;
@@ -27,6 +28,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the ingestion daemon: Arrow Flight on --listen, HTTP on --http.
+    Serve(serve::ServeArgs),
     /// Create a base table with the MemWAL index (e.g. `memwal init ./data/t
     /// --column id:int64:key --column v:utf8 --sharding 'bucket(id, 4)'`).
     Init {
@@ -159,6 +162,7 @@ async fn run(cli: Cli) -> Result<String, String> {
             sharding,
         } => return table::init(&uri, &columns, &sharding).await,
         Command::Compact { uri } => return table::compact(&uri).await,
+        Command::Serve(args) => return serve::serve(args).await,
         Command::Gc {
             uri,
             dry_run,

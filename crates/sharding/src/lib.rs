@@ -12,7 +12,7 @@ mod router;
 use thiserror::Error;
 
 pub use hash::{bucket_of, hash_bytes, hash_i32, hash_i64};
-pub use router::{ShardRouter, FIELD_ID_KEY};
+pub use router::{FieldValues, ShardRouter, FIELD_ID_KEY};
 
 /// Why a spec could not be bound or a row could not be routed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -143,6 +143,30 @@ mod tests {
         }
         let ones = one_column("c", Arc::new(Int32Array::from(vec![1, 1])));
         router.check_batch(&ones, &shard2).unwrap();
+    }
+
+    // Breaks if a split loses, duplicates or misroutes a row, or reorders
+    // rows within a shard (last write wins depends on their order).
+    #[test]
+    fn split_groups_rows_by_shard_in_order() {
+        let batch = one_column("c", Arc::new(Int32Array::from(vec![1, 2, 3, 1, 2])));
+        let router = ShardRouter::new(&bucket_spec(0, "8"), &batch.schema()).unwrap();
+        let parts = router.split(&batch).unwrap();
+        // Buckets: 1 -> 2, 2 -> 7, 3 -> 1 (the spec vectors above).
+        let got: Vec<(i32, Vec<i32>)> = parts
+            .iter()
+            .map(|(v, b)| {
+                let bucket = i32::from_le_bytes(v["b"].clone().try_into().unwrap());
+                let rows = b.column(0).as_any().downcast_ref::<Int32Array>().unwrap();
+                (bucket, rows.values().to_vec())
+            })
+            .collect();
+        assert_eq!(got, vec![(2, vec![1, 1]), (7, vec![2, 2]), (1, vec![3])]);
+        for (values, part) in &parts {
+            router.check_batch(part, values).unwrap();
+        }
+        let single = one_column("c", Arc::new(Int32Array::from(vec![1, 1])));
+        assert_eq!(router.split(&single).unwrap().len(), 1);
     }
 
     // Breaks if identity values are not the raw little-endian scalar bytes,

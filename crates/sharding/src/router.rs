@@ -13,6 +13,9 @@ use crate::hash::{
 };
 use crate::ShardingError;
 
+/// Shard field values: raw little-endian Arrow scalar bytes by shard field id.
+pub type FieldValues = BTreeMap<String, Vec<u8>>;
+
 /// Field metadata key holding a column's Lance field id.
 pub const FIELD_ID_KEY: &str = "lance:field_id";
 
@@ -107,6 +110,51 @@ impl ShardRouter {
         self.fields
             .iter()
             .map(|f| Ok((f.field_id.clone(), self.value(f, batch, row)?)))
+            .collect()
+    }
+
+    /// Splits `batch` by shard: one batch per distinct set of shard field
+    /// values, rows in their original order within each, groups in order of
+    /// first appearance. A row whose values cannot be computed fails the
+    /// whole split (nothing is routed).
+    pub fn split(
+        &self,
+        batch: &RecordBatch,
+    ) -> Result<Vec<(FieldValues, RecordBatch)>, ShardingError> {
+        let mut groups: Vec<(FieldValues, Vec<u32>)> = Vec::new();
+        let mut index: std::collections::HashMap<FieldValues, usize> =
+            std::collections::HashMap::new();
+        for row in 0..batch.num_rows() {
+            let values = self.row_values(batch, row)?;
+            let at = *index.entry(values.clone()).or_insert_with(|| {
+                groups.push((values, Vec::new()));
+                groups.len() - 1
+            });
+            groups[at].1.push(row as u32);
+        }
+        if groups.len() == 1 {
+            let (values, _) = groups.pop().expect("one group");
+            return Ok(vec![(values, batch.clone())]);
+        }
+        groups
+            .into_iter()
+            .map(|(values, rows)| {
+                let take = arrow_array::UInt32Array::from(rows);
+                let columns = batch
+                    .columns()
+                    .iter()
+                    .map(|c| arrow_select::take::take(c.as_ref(), &take, None))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| ShardingError::InvalidSpec {
+                        reason: format!("splitting a batch by shard: {e}"),
+                    })?;
+                let part = RecordBatch::try_new(batch.schema(), columns).map_err(|e| {
+                    ShardingError::InvalidSpec {
+                        reason: format!("splitting a batch by shard: {e}"),
+                    }
+                })?;
+                Ok((values, part))
+            })
             .collect()
     }
 

@@ -1,0 +1,204 @@
+//! `memwal serve`: the ingestion daemon.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use memwal::ShardWriterConfig;
+use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, TableSharding};
+use memwal_server::{http, FlightServiceServer, IngestService, TableHost};
+use memwal_store::open_store;
+
+/// What `memwal serve` was asked to do.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// A data directory: serves (and on first start creates) the demo table
+    /// `demo` at DATA_DIR/demo (`id` int64 key, `payload` utf8,
+    /// `bucket(id, 4)`), unless --table is given.
+    pub data_dir: Option<String>,
+    /// A table to serve, NAME=URI (repeatable); the table must exist
+    /// (`memwal init`).
+    #[arg(long = "table", env = "MEMWAL_TABLES", value_delimiter = ',')]
+    pub tables: Vec<String>,
+    /// Arrow Flight address.
+    #[arg(long, env = "MEMWAL_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// HTTP address (/healthz, /readyz, /status, /metrics).
+    #[arg(long, env = "MEMWAL_HTTP", default_value = "127.0.0.1:9464")]
+    pub http: SocketAddr,
+    /// Do not run the compactor.
+    #[arg(long, env = "MEMWAL_NO_COMPACTOR")]
+    pub no_compactor: bool,
+    /// Seconds between compaction cycles.
+    #[arg(long, env = "MEMWAL_COMPACT_EVERY_SECS", default_value_t = 30)]
+    pub compact_every_secs: u64,
+    /// Require `authorization: Bearer TOKEN` on Flight and HTTP.
+    #[arg(long, env = "MEMWAL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+fn demo_schema() -> Arc<arrow_schema::Schema> {
+    crate::table::parse_schema(&["id:int64:key".into(), "payload:utf8".into()])
+        .expect("static demo schema")
+}
+
+async fn tables(args: &ServeArgs) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for t in &args.tables {
+        let (name, uri) = t
+            .split_once('=')
+            .ok_or_else(|| format!("--table `{t}`: expected NAME=URI"))?;
+        if name.is_empty() || uri.is_empty() {
+            return Err(format!("--table `{t}`: expected NAME=URI"));
+        }
+        out.push((name.to_string(), uri.to_string()));
+    }
+    if out.is_empty() {
+        let dir = args
+            .data_dir
+            .as_ref()
+            .ok_or("give a data directory (memwal serve ./data) or --table NAME=URI")?;
+        let uri = std::path::Path::new(dir).join("demo");
+        let uri = uri
+            .to_str()
+            .ok_or("the data directory is not UTF-8")?
+            .to_string();
+        let loc = open_store(&uri).map_err(|e| e.to_string())?;
+        let exists = memwal_table::BaseTable::load(
+            &memwal_sstable::LanceStore::new(loc.store.clone()),
+            &loc.root,
+        )
+        .await
+        .is_ok();
+        if !exists {
+            memwal_compactor::create_table(
+                &loc,
+                demo_schema(),
+                &TableSharding::Bucket {
+                    column: "id".into(),
+                    buckets: 4,
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            eprintln!("memwal: created the demo table at {uri}");
+        }
+        out.push(("demo".to_string(), uri));
+    }
+    Ok(out)
+}
+
+/// Runs the daemon until SIGTERM/SIGINT, then drains and closes every
+/// shard; a second signal exits at once (the WAL keeps every acknowledged
+/// row).
+pub async fn serve(args: ServeArgs) -> Result<String, String> {
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("installing the metrics recorder: {e}"))?;
+    let ready = Arc::new(AtomicBool::new(false));
+    let token: Option<Arc<str>> = args.token.clone().map(Into::into);
+    let names = tables(&args).await?;
+
+    let mut hosts = HashMap::new();
+    for (name, uri) in &names {
+        let loc = open_store(uri).map_err(|e| format!("table `{name}`: {e}"))?;
+        let host = TableHost::open(name, loc, ShardWriterConfig::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        hosts.insert(name.clone(), Arc::new(host));
+    }
+    let hosts = Arc::new(hosts);
+
+    let http_state = http::HttpState {
+        tables: hosts.clone(),
+        ready: ready.clone(),
+        metrics: Some(metrics),
+        token: token.clone(),
+    };
+    let http_listener = tokio::net::TcpListener::bind(args.http)
+        .await
+        .map_err(|e| format!("binding {}: {e}", args.http))?;
+    let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut http_stop = stop_rx.clone();
+    let http_task = tokio::spawn(async move {
+        axum::serve(http_listener, http::router(http_state))
+            .with_graceful_shutdown(async move {
+                let _ = http_stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let mut compactors = Vec::new();
+    if !args.no_compactor {
+        for (_, uri) in &names {
+            let loc = open_store(uri).map_err(|e| e.to_string())?;
+            compactors.push(CompactorTask::spawn(
+                Compactor::new(loc, CompactorConfig::default()),
+                Duration::from_secs(args.compact_every_secs.max(1)),
+            ));
+        }
+    }
+
+    let service = IngestService::new(hosts.clone(), args.token.clone());
+    let incoming = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("binding {}: {e}", args.listen))?;
+    let flight_addr = incoming.local_addr().map_err(|e| e.to_string())?;
+    ready.store(true, Ordering::SeqCst);
+    eprintln!(
+        "memwal: serving {} on grpc://{flight_addr} http://{http_addr}",
+        names
+            .iter()
+            .map(|(n, u)| format!("{n} ({u})"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    let mut flight_stop = stop_rx.clone();
+    let flight = tonic::transport::Server::builder()
+        .add_service(FlightServiceServer::new(service))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(incoming),
+            async move {
+                let _ = flight_stop.wait_for(|s| *s).await;
+            },
+        );
+    let flight_task = tokio::spawn(flight);
+
+    shutdown_signal().await;
+    eprintln!("memwal: stopping (a second signal exits at once)");
+    tokio::spawn(async {
+        shutdown_signal().await;
+        eprintln!("memwal: second signal, exiting now; the WAL keeps every acknowledged row");
+        std::process::exit(130);
+    });
+    ready.store(false, Ordering::SeqCst);
+    let _ = stop_tx.send(true);
+    let _ = flight_task.await;
+    for c in compactors {
+        c.stop().await;
+    }
+    let mut failed = Vec::new();
+    for (name, host) in hosts.iter() {
+        if let Err(e) = host.close().await {
+            failed.push(format!("closing table `{name}`: {e}"));
+        }
+    }
+    let _ = http_task.await;
+    if failed.is_empty() {
+        Ok("memwal: stopped\n".into())
+    } else {
+        Err(failed.join("\n"))
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,294 @@
+//! `memwal serve` as a process, driven by the Rust Arrow Flight client.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::{FlightClient, FlightDescriptor};
+use arrow_schema::{DataType, Field, Schema};
+use futures::TryStreamExt;
+
+fn memwal(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(args)
+        .output()
+        .expect("run memwal");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A running daemon and its Flight address.
+struct Daemon {
+    child: Child,
+    flight: String,
+    http: String,
+}
+
+impl Daemon {
+    fn start(table: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+            .args(["serve", "--table", &format!("t={table}")])
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--http",
+                "127.0.0.1:0",
+                "--no-compactor",
+            ])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start memwal serve");
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let line = loop {
+            match lines.next() {
+                Some(Ok(l)) if l.contains("serving") => break l,
+                Some(Ok(_)) => continue,
+                other => panic!("daemon ended before serving: {other:?}"),
+            }
+        };
+        // Keep draining stderr so the daemon never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        let addr = |scheme: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(scheme))
+                .unwrap_or_else(|| panic!("no {scheme} in `{line}`"))
+                .to_string()
+        };
+        Self {
+            flight: addr("grpc://"),
+            http: addr("http://"),
+            child,
+        }
+    }
+
+    /// SIGTERM, then the exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+        self.child.wait().unwrap()
+    }
+}
+
+async fn client(addr: &str, token: Option<&str>) -> FlightClient {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to the daemon");
+    let mut c = FlightClient::new(channel);
+    if let Some(t) = token {
+        c.add_header("authorization", &format!("Bearer {t}"))
+            .unwrap();
+    }
+    c
+}
+
+fn rows(ids: &[i64], tag: &str) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("v", DataType::Utf8, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|i| format!("{tag}-{i}")),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+fn keys(ids: &[i64]) -> RecordBatch {
+    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+    RecordBatch::try_new(
+        schema,
+        vec![Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef],
+    )
+    .unwrap()
+}
+
+/// DoPut of `batches` to `path`; one ack (JSON) per batch, or the status.
+async fn put(
+    c: &mut FlightClient,
+    path: &[&str],
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<serde_json::Value>, tonic::Status> {
+    let descriptor = FlightDescriptor::new_path(path.iter().map(|s| s.to_string()).collect());
+    let stream = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(descriptor))
+        .build(futures::stream::iter(batches.into_iter().map(Ok)));
+    let acks = c.do_put(stream).await.map_err(status)?;
+    acks.map_err(status)
+        .map_ok(|r| serde_json::from_slice(&r.app_metadata).expect("ack metadata is JSON"))
+        .try_collect()
+        .await
+}
+
+fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
+    match e {
+        arrow_flight::error::FlightError::Tonic(s) => *s,
+        other => tonic::Status::unknown(other.to_string()),
+    }
+}
+
+/// The status code of `GET path` (HTTP/1.1, one request per connection).
+fn http_get(addr: &str, path: &str, token: Option<&str>) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to the HTTP port");
+    let auth = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP reply: {reply:?}"))
+}
+
+async fn base_rows(table: &str) -> BTreeMap<i64, String> {
+    let ds = lance::Dataset::open(table).await.unwrap();
+    let batches: Vec<RecordBatch> = ds
+        .scan()
+        .try_into_stream()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for b in batches {
+        let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let vs = b.column_by_name("v").unwrap().as_string::<i32>();
+        for i in 0..b.num_rows() {
+            assert!(
+                out.insert(ids.value(i), vs.value(i).to_string()).is_none(),
+                "key twice"
+            );
+        }
+    }
+    out
+}
+
+// Breaks if the daemon acknowledges before a batch is split and durable in
+// every owning shard (the acks name one part per shard), loses a put,
+// overwrite or delete across SIGTERM and restart, maps bad input to the
+// wrong status or stops serving after it, or ignores the bearer token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    let (ok, _, err) = memwal(&[
+        "init",
+        &table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ]);
+    assert!(ok, "{err}");
+    let mut model = BTreeMap::new();
+
+    let d = Daemon::start(&table, &["--token", "s3cret"]);
+    let mut c = client(&d.flight, Some("s3cret")).await;
+    let ids: Vec<i64> = (0..40).collect();
+    let acks = put(&mut c, &["t"], vec![rows(&ids, "a"), rows(&ids[..10], "b")])
+        .await
+        .unwrap();
+    assert_eq!(acks.len(), 2, "one ack per batch: {acks:?}");
+    let parts = acks[0]["parts"].as_array().unwrap();
+    assert_eq!(parts.len(), 4, "40 keys reach all four buckets: {acks:?}");
+    assert_eq!(
+        parts
+            .iter()
+            .map(|p| p["rows"].as_u64().unwrap())
+            .sum::<u64>(),
+        40
+    );
+    for i in &ids {
+        model.insert(*i, format!("{}-{i}", if *i < 10 { "b" } else { "a" }));
+    }
+    let acks = put(&mut c, &["t", "delete"], vec![keys(&[5, 20, 21])])
+        .await
+        .unwrap();
+    assert_eq!(acks.len(), 1);
+    for i in [5, 20, 21] {
+        model.remove(&i);
+    }
+
+    // Bad input: the right codes, and the daemon keeps serving.
+    let e = put(&mut c, &["nope"], vec![rows(&[1], "x")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
+    let e = put(&mut c, &["t", "delete"], vec![rows(&[1], "x")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("table `t`"), "{e}");
+    let mut anonymous = client(&d.flight, None).await;
+    let e = put(&mut anonymous, &["t"], vec![rows(&[1], "x")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e}");
+    let acks = put(&mut c, &["t"], vec![rows(&[100], "c")]).await.unwrap();
+    assert_eq!(acks.len(), 1, "still serving after bad input");
+    model.insert(100, "c-100".into());
+
+    // HTTP: health open, the rest behind the token.
+    assert_eq!(http_get(&d.http, "/healthz", None), 200);
+    assert_eq!(http_get(&d.http, "/status", None), 401);
+    assert_eq!(http_get(&d.http, "/status", Some("s3cret")), 200);
+    assert_eq!(http_get(&d.http, "/metrics", Some("s3cret")), 200);
+    assert_eq!(http_get(&d.http, "/readyz", Some("s3cret")), 200);
+
+    assert!(d.stop().success(), "SIGTERM drains and exits 0");
+
+    // Restart: the shards are found again; more writes.
+    let d = Daemon::start(&table, &[]);
+    let mut c = client(&d.flight, None).await;
+    put(&mut c, &["t"], vec![rows(&[0, 1, 200], "d")])
+        .await
+        .unwrap();
+    for i in [0, 1, 200] {
+        model.insert(i, format!("d-{i}"));
+    }
+    put(&mut c, &["t", "delete"], vec![keys(&[30])])
+        .await
+        .unwrap();
+    model.remove(&30);
+    assert!(d.stop().success());
+
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out} {err}");
+    assert_eq!(
+        out.lines().count(),
+        4,
+        "four shards, no more after the restart: {out}"
+    );
+    assert_eq!(base_rows(&table).await, model);
+}

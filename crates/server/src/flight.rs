@@ -1,0 +1,317 @@
+//! The Arrow Flight service: `DoPut` ingestion (rows, or key-only deletes
+//! with the descriptor path `[NAME, "delete"]`), `GetFlightInfo` /
+//! `GetSchema` for a table's schema, `DoAction` `flush` and `status`.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
+};
+use arrow_schema::SchemaRef;
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use serde_json::json;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{ServerError, TableHost};
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The Flight service over the served tables.
+#[derive(Clone)]
+pub struct IngestService {
+    tables: Arc<HashMap<String, Arc<TableHost>>>,
+    token: Option<Arc<str>>,
+}
+
+impl IngestService {
+    /// Serves `tables`; with `token`, every call must carry
+    /// `authorization: Bearer TOKEN`.
+    pub fn new(tables: Arc<HashMap<String, Arc<TableHost>>>, token: Option<String>) -> Self {
+        Self {
+            tables,
+            token: token.map(Into::into),
+        }
+    }
+
+    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let Some(token) = &self.token else {
+            return Ok(());
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        match given {
+            Some(t) if t == token.as_ref() => Ok(()),
+            Some(_) => Err(Status::unauthenticated("wrong bearer token")),
+            None => Err(Status::unauthenticated(
+                "this server requires `authorization: Bearer <token>`",
+            )),
+        }
+    }
+
+    fn table(&self, name: &str) -> Result<Arc<TableHost>, Status> {
+        self.tables
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ServerError::UnknownTable(name.to_string()).into())
+    }
+
+    /// The table and whether the descriptor asks for deletes.
+    fn target(&self, d: &FlightDescriptor) -> Result<(Arc<TableHost>, bool), Status> {
+        match d.path.as_slice() {
+            [name] => Ok((self.table(name)?, false)),
+            [name, op] if op == "delete" => Ok((self.table(name)?, true)),
+            _ => Err(Status::invalid_argument(format!(
+                "descriptor path must be [TABLE] or [TABLE, \"delete\"], got {:?}",
+                d.path
+            ))),
+        }
+    }
+}
+
+fn schema_result(schema: &SchemaRef) -> Result<SchemaResult, Status> {
+    let options = arrow_ipc_options();
+    SchemaAsIpc::new(schema, &options)
+        .try_into()
+        .map_err(|e: arrow_schema::ArrowError| Status::internal(e.to_string()))
+}
+
+fn arrow_ipc_options() -> arrow_ipc::writer::IpcWriteOptions {
+    arrow_ipc::writer::IpcWriteOptions::default()
+}
+
+/// The schema a client sends: metadata-free table fields.
+fn wire_schema(schema: &SchemaRef) -> SchemaRef {
+    Arc::new(arrow_schema::Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| arrow_schema::Field::new(f.name(), f.data_type().clone(), f.is_nullable()))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+#[tonic::async_trait]
+impl FlightService for IngestService {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoExchangeStream = Boxed<FlightData>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(Status::unimplemented(
+            "handshake: send a bearer token instead",
+        ))
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.authorize(&request)?;
+        let mut infos = Vec::new();
+        for (name, t) in self.tables.iter() {
+            infos.push(flight_info(name, t.schema())?);
+        }
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            infos.into_iter().map(Ok),
+        ))))
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.authorize(&request)?;
+        let (t, _) = self.target(request.get_ref())?;
+        Ok(Response::new(flight_info(t.name(), t.schema())?))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(Status::unimplemented("poll_flight_info"))
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.authorize(&request)?;
+        let (t, delete) = self.target(request.get_ref())?;
+        let schema = if delete { t.key_schema() } else { t.schema() };
+        Ok(Response::new(schema_result(&wire_schema(schema))?))
+    }
+
+    async fn do_get(&self, _: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
+        Err(Status::unimplemented(
+            "do_get: memwal ingests; read the table with lance",
+        ))
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.authorize(&request)?;
+        let mut input = request.into_inner();
+        let first = input
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("empty DoPut stream"))?;
+        let descriptor = first
+            .flight_descriptor
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("the first message carries no descriptor"))?;
+        let (table, delete) = self.target(&descriptor)?;
+        let messages =
+            futures::stream::once(async move { Ok(first) }).chain(input.map_err(FlightError::from));
+        let decoder = FlightDataDecoder::new(messages);
+        let (tx, rx) = futures::channel::mpsc::channel::<Result<PutResult, Status>>(16);
+        tokio::spawn(ingest(table, delete, decoder, tx));
+        Ok(Response::new(Box::pin(rx)))
+    }
+
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(Status::unimplemented("do_exchange"))
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        self.authorize(&request)?;
+        let action = request.into_inner();
+        let name = String::from_utf8(action.body.to_vec())
+            .map_err(|_| Status::invalid_argument("the action body is the table name (UTF-8)"))?;
+        let t = self.table(&name)?;
+        let body = match action.r#type.as_str() {
+            "flush" => {
+                t.flush().await.map_err(Status::from)?;
+                json!({ "table": name, "flushed": true })
+            }
+            "status" => json!({ "table": name, "shards": t.status().await }),
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown action `{other}` (flush, status)"
+                )))
+            }
+        };
+        let result = arrow_flight::Result {
+            body: Bytes::from(body.to_string()),
+        };
+        Ok(Response::new(Box::pin(futures::stream::once(async {
+            Ok(result)
+        }))))
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.authorize(&request)?;
+        let actions = [
+            (
+                "flush",
+                "freeze, flush and publish every shard of the table named in the body",
+            ),
+            (
+                "status",
+                "per-shard state of the table named in the body, as JSON",
+            ),
+        ]
+        .map(|(t, d)| {
+            Ok(ActionType {
+                r#type: t.into(),
+                description: d.into(),
+            })
+        });
+        Ok(Response::new(Box::pin(futures::stream::iter(actions))))
+    }
+}
+
+fn flight_info(name: &str, schema: &SchemaRef) -> Result<FlightInfo, Status> {
+    FlightInfo::new()
+        .try_with_schema(&wire_schema(schema))
+        .map_err(|e| Status::internal(e.to_string()))
+        .map(|i| i.with_descriptor(FlightDescriptor::new_path(vec![name.to_string()])))
+}
+
+/// Writes each decoded batch and sends its acknowledgement once durable;
+/// the first failure ends the stream with its status.
+async fn ingest(
+    table: Arc<TableHost>,
+    delete: bool,
+    mut decoder: FlightDataDecoder,
+    mut tx: futures::channel::mpsc::Sender<Result<PutResult, Status>>,
+) {
+    use futures::SinkExt;
+    let mut batches = 0u64;
+    while let Some(item) = decoder.next().await {
+        let decoded = match item {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = tx
+                    .send(Err(Status::invalid_argument(format!(
+                        "table `{}`: undecodable Flight data: {e}",
+                        table.name()
+                    ))))
+                    .await;
+                return;
+            }
+        };
+        let app_metadata = decoded.app_metadata();
+        let DecodedPayload::RecordBatch(batch) = decoded.payload else {
+            continue;
+        };
+        batches += 1;
+        let started = std::time::Instant::now();
+        let result = table.write(&batch, delete).await;
+        metrics::histogram!("memwal_server_put_seconds", "table" => table.name().to_string())
+            .record(started.elapsed().as_secs_f64());
+        let reply = match result {
+            Ok(parts) => {
+                metrics::counter!("memwal_server_rows_total", "table" => table.name().to_string())
+                    .increment(batch.num_rows() as u64);
+                let request_id = serde_json::from_slice::<serde_json::Value>(&app_metadata)
+                    .ok()
+                    .and_then(|v| v.get("request_id").cloned());
+                let body = json!({
+                    "table": table.name(),
+                    "batch": batches,
+                    "rows": batch.num_rows(),
+                    "delete": delete,
+                    "parts": parts,
+                    "request_id": request_id,
+                });
+                Ok(PutResult {
+                    app_metadata: Bytes::from(body.to_string()),
+                })
+            }
+            Err(e) => Err(Status::from(e)),
+        };
+        let failed = reply.is_err();
+        if tx.send(reply).await.is_err() || failed {
+            return;
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! HTTP endpoints: `/healthz`, `/readyz`, `/status` (JSON), `/metrics`
+//! (Prometheus text).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::json;
+
+use crate::TableHost;
+
+/// What the endpoints read.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The served tables.
+    pub tables: Arc<HashMap<String, Arc<TableHost>>>,
+    /// Set once every table's shards are claimed and replayed.
+    pub ready: Arc<AtomicBool>,
+    /// The Prometheus recorder's handle.
+    pub metrics: Option<PrometheusHandle>,
+    /// Bearer token required on every endpoint but `/healthz`, if any.
+    pub token: Option<Arc<str>>,
+}
+
+fn authorized(state: &HttpState, headers: &HeaderMap) -> bool {
+    match &state.token {
+        None => true,
+        Some(t) => headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|given| given == t.as_ref()),
+    }
+}
+
+/// The HTTP router.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/status", get(status))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<HttpState>, headers: HeaderMap) -> Response {
+    if !authorized(&s, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    if s.ready.load(Ordering::SeqCst) {
+        "ready\n".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+    }
+}
+
+async fn status(State(s): State<HttpState>, headers: HeaderMap) -> Response {
+    if !authorized(&s, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let mut tables = serde_json::Map::new();
+    for (name, t) in s.tables.iter() {
+        tables.insert(name.clone(), json!({ "shards": t.status().await }));
+    }
+    Json(json!({ "ready": s.ready.load(Ordering::SeqCst), "tables": tables })).into_response()
+}
+
+async fn metrics(State(s): State<HttpState>, headers: HeaderMap) -> Response {
+    if !authorized(&s, &headers) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    match &s.metrics {
+        Some(h) => h.render().into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are not recorded\n").into_response(),
+    }
+}

@@ -1,0 +1,17 @@
+//! The memwal daemon's services: Arrow Flight ingestion routed by each
+//! table's sharding spec to its shards' writers ([`IngestService`],
+//! [`TableHost`]), and HTTP health, readiness, status and Prometheus
+//! metrics ([`http::router`]).
+
+#![warn(missing_docs)]
+#![recursion_limit = "256"]
+
+mod error;
+mod flight;
+pub mod http;
+mod table;
+
+pub use arrow_flight::flight_service_server::FlightServiceServer;
+pub use error::ServerError;
+pub use flight::IngestService;
+pub use table::{PartAck, ShardKey, ShardStatus, TableHost};

@@ -1,0 +1,435 @@
+//! One served table: its shards' writers, and puts split by the table's
+//! sharding spec and acknowledged once every part is durable.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::{Schema, SchemaRef};
+use memwal::{ShardId, ShardWriter, ShardWriterConfig, ShardingConfig, StoreLocation};
+use memwal_fencing::ShardIdentity;
+use memwal_sharding::ShardRouter;
+use memwal_sstable::LanceStore;
+use memwal_store::RetryPolicy;
+use memwal_table::BaseTable;
+use serde::Serialize;
+
+use crate::ServerError;
+
+/// Shard field values identifying a shard under the table's spec.
+pub type ShardKey = BTreeMap<String, Vec<u8>>;
+
+/// A shard this daemon serves, or served until another writer took it.
+enum Slot {
+    Live(Arc<ShardWriter>),
+    Lost { shard: ShardId, reason: String },
+}
+
+/// What one part of a put reached.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PartAck {
+    /// The shard.
+    pub shard: String,
+    /// Rows of the part.
+    pub rows: usize,
+    /// The WAL position holding them.
+    pub wal_position: u64,
+}
+
+/// One shard in `/status`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShardStatus {
+    /// The shard id.
+    pub shard: String,
+    /// Its shard field values (hex).
+    pub values: BTreeMap<String, String>,
+    /// Serving, or lost to another writer.
+    pub state: &'static str,
+    /// Epoch, manifest version, generations, WAL, memory (when serving).
+    pub epoch: Option<u64>,
+    /// The manifest version this writer last wrote or read.
+    pub manifest_version: Option<u64>,
+    /// The generation in memory.
+    pub generation: Option<u64>,
+    /// Highest published generation.
+    pub published_generation: Option<u64>,
+    /// Frozen, unpublished generations.
+    pub unflushed_generations: Option<usize>,
+    /// Memory of unpublished memtables.
+    pub memtable_bytes: Option<usize>,
+    /// Last durable WAL position.
+    pub wal_position: Option<u64>,
+    /// Why the shard is no longer served.
+    pub last_error: Option<String>,
+}
+
+/// A table the daemon serves.
+pub struct TableHost {
+    name: String,
+    loc: StoreLocation,
+    schema: SchemaRef,
+    key_schema: SchemaRef,
+    spec_id: u32,
+    /// `None` for an unsharded table (one shard, no routing).
+    router: Option<(ShardRouter, ShardRouter)>,
+    config: ShardWriterConfig,
+    shards: tokio::sync::Mutex<HashMap<ShardKey, Slot>>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl TableHost {
+    /// Opens the table `name` at `loc`: reads its MemWAL configuration and
+    /// claims (and replays) every existing shard of its spec. A table without
+    /// the `__lance_mem_wal` index or with manual sharding is refused.
+    pub async fn open(
+        name: &str,
+        loc: StoreLocation,
+        config: ShardWriterConfig,
+    ) -> Result<Self, ServerError> {
+        let setup = |reason: String| ServerError::Setup {
+            table: name.to_string(),
+            reason,
+        };
+        let lance = LanceStore::new(loc.store.clone());
+        let base = BaseTable::load(&lance, &loc.root)
+            .await
+            .map_err(|e| setup(e.to_string()))?;
+        let spec = base
+            .sharding_spec()
+            .map_err(|e| setup(e.to_string()))?
+            .cloned()
+            .ok_or_else(|| {
+                setup("the table has no MemWAL sharding spec (create it with `memwal init`)".into())
+            })?;
+        let schema = base.schema.clone();
+        let keys: Vec<usize> = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| {
+                f.metadata()
+                    .contains_key("lance-schema:unenforced-primary-key")
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let key_schema = Arc::new(schema.project(&keys).map_err(|e| setup(e.to_string()))?);
+        let router = ShardRouter::new(&spec, &schema).map_err(|e| setup(e.to_string()))?;
+        let router = if router.constant_values().is_some() {
+            None
+        } else {
+            let key_router =
+                ShardRouter::new(&spec, &key_schema).map_err(|e| setup(e.to_string()))?;
+            Some((router, key_router))
+        };
+        let host = Self {
+            name: name.to_string(),
+            loc,
+            schema,
+            key_schema,
+            spec_id: spec.spec_id,
+            router,
+            config,
+            shards: tokio::sync::Mutex::new(HashMap::new()),
+        };
+        host.open_existing().await?;
+        Ok(host)
+    }
+
+    /// The table's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The table's Arrow schema (what a put sends).
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// The primary-key columns (what a delete sends).
+    pub fn key_schema(&self) -> &SchemaRef {
+        &self.key_schema
+    }
+
+    async fn open_existing(&self) -> Result<(), ServerError> {
+        let shards = memwal_compactor::list_shards(&self.loc)
+            .await
+            .map_err(|e| self.setup(e.to_string()))?;
+        let mut found: BTreeMap<ShardKey, ShardId> = BTreeMap::new();
+        for shard in shards {
+            let Some(m) =
+                memwal_compactor::latest_manifest(&self.loc, shard, &RetryPolicy::default())
+                    .await
+                    .map_err(|e| self.setup(e.to_string()))?
+            else {
+                continue;
+            };
+            let identity = ShardIdentity::of_manifest(&m);
+            if identity.spec_id != self.spec_id {
+                tracing::warn!(%shard, spec_id = identity.spec_id, "shard of another spec; not served");
+                continue;
+            }
+            let key = self.key_of(identity.field_values);
+            if let Some(first) = found.get(&key) {
+                tracing::warn!(%shard, kept = %first, "a second shard with the same values; not served");
+                continue;
+            }
+            found.insert(key, shard);
+        }
+        let mut slots = self.shards.lock().await;
+        for (key, shard) in found {
+            let w = self.open_writer(shard, &key).await?;
+            slots.insert(key, Slot::Live(Arc::new(w)));
+        }
+        Ok(())
+    }
+
+    /// Unsharded tables have one shard whatever its manifest records.
+    fn key_of(&self, values: ShardKey) -> ShardKey {
+        if self.router.is_none() {
+            ShardKey::new()
+        } else {
+            values
+        }
+    }
+
+    fn setup(&self, reason: String) -> ServerError {
+        ServerError::Setup {
+            table: self.name.clone(),
+            reason,
+        }
+    }
+
+    async fn open_writer(
+        &self,
+        shard: ShardId,
+        key: &ShardKey,
+    ) -> Result<ShardWriter, ServerError> {
+        let mut config = self.config.clone();
+        if !key.is_empty() {
+            config.sharding = Some(ShardingConfig::with_values(key.clone()));
+        }
+        ShardWriter::open(self.loc.clone(), shard, config)
+            .await
+            .map_err(|source| ServerError::Writer {
+                table: self.name.clone(),
+                shard: shard.to_string(),
+                source,
+            })
+    }
+
+    /// The writer of shard `key`, creating the shard on first use.
+    async fn writer(&self, key: &ShardKey) -> Result<Arc<ShardWriter>, ServerError> {
+        let mut slots = self.shards.lock().await;
+        match slots.get(key) {
+            Some(Slot::Live(w)) => return Ok(w.clone()),
+            Some(Slot::Lost { shard, reason }) => {
+                return Err(ServerError::ServedElsewhere {
+                    table: self.name.clone(),
+                    shard: shard.to_string(),
+                    reason: reason.clone(),
+                })
+            }
+            None => {}
+        }
+        let w = Arc::new(self.open_writer(ShardId::random(), key).await?);
+        slots.insert(key.clone(), Slot::Live(w.clone()));
+        Ok(w)
+    }
+
+    fn check_schema(&self, batch: &RecordBatch, delete: bool) -> Result<(), ServerError> {
+        let want: &Schema = if delete {
+            &self.key_schema
+        } else {
+            &self.schema
+        };
+        let got = batch.schema();
+        let bad = |reason: String| ServerError::InvalidInput {
+            table: self.name.clone(),
+            reason,
+        };
+        if got.fields().len() != want.fields().len() {
+            return Err(bad(format!(
+                "{} sends {} columns ({}), the table wants {} ({})",
+                if delete { "a delete" } else { "a put" },
+                got.fields().len(),
+                names(&got),
+                want.fields().len(),
+                names(want)
+            )));
+        }
+        for (g, w) in got.fields().iter().zip(want.fields()) {
+            if g.name() != w.name() || g.data_type() != w.data_type() {
+                return Err(bad(format!(
+                    "column `{}` ({}) where the table has `{}` ({})",
+                    g.name(),
+                    g.data_type(),
+                    w.name(),
+                    w.data_type()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `batch` (rows, or key-only deletes): split by shard, every
+    /// part handed to its shard's writer at once; returns once every part
+    /// is durable. Any part failing fails the call (parts that succeeded
+    /// stay durable: the error says which).
+    pub async fn write(
+        &self,
+        batch: &RecordBatch,
+        delete: bool,
+    ) -> Result<Vec<PartAck>, ServerError> {
+        self.check_schema(batch, delete)?;
+        if batch.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
+        let parts: Vec<(ShardKey, RecordBatch)> = match &self.router {
+            None => vec![(ShardKey::new(), batch.clone())],
+            Some((rows, keys)) => {
+                let router = if delete { keys } else { rows };
+                router.split(batch).map_err(|e| ServerError::InvalidInput {
+                    table: self.name.clone(),
+                    reason: e.to_string(),
+                })?
+            }
+        };
+        let writes = parts.into_iter().map(|(key, part)| async move {
+            let w = self.writer(&key).await?;
+            let r = if delete {
+                w.delete(&part).await
+            } else {
+                w.put(&part).await
+            };
+            match r {
+                Ok(position) => Ok(PartAck {
+                    shard: w.shard().to_string(),
+                    rows: part.num_rows(),
+                    wal_position: position,
+                }),
+                Err(source) => {
+                    if source.is_fenced() {
+                        self.lose(&key, w.shard(), source.to_string()).await;
+                    }
+                    Err(ServerError::Writer {
+                        table: self.name.clone(),
+                        shard: w.shard().to_string(),
+                        source,
+                    })
+                }
+            }
+        });
+        futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    async fn lose(&self, key: &ShardKey, shard: ShardId, reason: String) {
+        metrics::counter!("memwal_server_shards_lost_total", "table" => self.name.clone())
+            .increment(1);
+        tracing::warn!(table = %self.name, %shard, %reason, "shard taken over; no longer served");
+        let mut slots = self.shards.lock().await;
+        if let Some(Slot::Live(w)) = slots.get(key) {
+            if w.shard() == shard {
+                slots.insert(key.clone(), Slot::Lost { shard, reason });
+            }
+        }
+    }
+
+    /// Flushes every served shard (frozen and published).
+    pub async fn flush(&self) -> Result<(), ServerError> {
+        for w in self.live().await {
+            w.flush().await.map_err(|source| ServerError::Writer {
+                table: self.name.clone(),
+                shard: w.shard().to_string(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    async fn live(&self) -> Vec<Arc<ShardWriter>> {
+        self.shards
+            .lock()
+            .await
+            .values()
+            .filter_map(|s| match s {
+                Slot::Live(w) => Some(w.clone()),
+                Slot::Lost { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Closes every served shard (flush, publish, stop), reporting the
+    /// first failure after trying all.
+    pub async fn close(&self) -> Result<(), ServerError> {
+        let mut first = None;
+        for w in self.live().await {
+            if let Err(source) = w.close().await {
+                first.get_or_insert(ServerError::Writer {
+                    table: self.name.clone(),
+                    shard: w.shard().to_string(),
+                    source,
+                });
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Every shard's state.
+    pub async fn status(&self) -> Vec<ShardStatus> {
+        let slots = self.shards.lock().await;
+        let mut out: Vec<ShardStatus> = slots
+            .iter()
+            .map(|(key, slot)| {
+                let values = key.iter().map(|(k, v)| (k.clone(), hex(v))).collect();
+                match slot {
+                    Slot::Live(w) => {
+                        let s = w.stats();
+                        let m = w.manifest();
+                        ShardStatus {
+                            shard: w.shard().to_string(),
+                            values,
+                            state: "serving",
+                            epoch: Some(s.epoch),
+                            manifest_version: Some(m.version),
+                            generation: Some(s.generation),
+                            published_generation: Some(s.published_generation),
+                            unflushed_generations: Some(s.unpublished.len()),
+                            memtable_bytes: Some(s.unflushed_bytes),
+                            wal_position: Some(s.last_durable_position),
+                            last_error: None,
+                        }
+                    }
+                    Slot::Lost { shard, reason } => ShardStatus {
+                        shard: shard.to_string(),
+                        values,
+                        state: "lost",
+                        epoch: None,
+                        manifest_version: None,
+                        generation: None,
+                        published_generation: None,
+                        unflushed_generations: None,
+                        memtable_bytes: None,
+                        wal_position: None,
+                        last_error: Some(reason.clone()),
+                    },
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.values.cmp(&b.values));
+        out
+    }
+}
+
+fn names(s: &Schema) -> String {
+    s.fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
