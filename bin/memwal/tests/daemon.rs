@@ -292,3 +292,140 @@ async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
     );
     assert_eq!(base_rows(&table).await, model);
 }
+
+// Breaks if pyarrow's Flight client (a user's real client) cannot write
+// through the daemon: per-batch acks in order with the request id echoed,
+// deletes by key, and the rows in the base table after compaction. Needs
+// MEMWAL_TEST_PYTHON (`eval "$(scripts/py-clients.sh)"`); required in CI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pyarrow_flight_client_writes_through_the_daemon() {
+    let Some(python) = std::env::var("MEMWAL_TEST_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must run the pyarrow test: MEMWAL_TEST_PYTHON is unset (scripts/py-clients.sh)"
+        );
+        eprintln!(
+            "SKIPPED pyarrow test: MEMWAL_TEST_PYTHON unset (eval \"$(scripts/py-clients.sh)\")"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    let (ok, _, err) = memwal(&[
+        "init",
+        &table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ]);
+    assert!(ok, "{err}");
+    let d = Daemon::start(&table, &[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/flight_put.py");
+    let out = Command::new(&python)
+        .args([script, &d.flight, "t"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let acks: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(acks.len(), 4, "{acks:?}");
+    for (n, ack) in acks[..3].iter().enumerate() {
+        assert_eq!(ack["request_id"], format!("req-{n}"), "{ack}");
+        assert_eq!(ack["batch"], n as u64 + 1, "{ack}");
+    }
+    assert_eq!(acks[3]["delete"], true);
+    assert!(d.stop().success());
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out} {err}");
+    let mut model = BTreeMap::new();
+    for i in 0..20 {
+        model.insert(
+            i,
+            format!(
+                "py{}-{i}",
+                if i < 5 {
+                    2
+                } else if i < 10 {
+                    0
+                } else {
+                    1
+                }
+            ),
+        );
+    }
+    model.remove(&7);
+    assert_eq!(base_rows(&table).await, model);
+}
+
+// Breaks if a SIGKILLed daemon loses an acknowledged row (the restarted one
+// must replay every shard's WAL), or if a daemon whose shards a second
+// daemon took over keeps acknowledging instead of refusing with
+// FAILED_PRECONDITION naming the epochs, or stops serving altogether.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_loses_nothing_and_a_taken_over_daemon_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    let (ok, _, err) = memwal(&[
+        "init",
+        &table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ]);
+    assert!(ok, "{err}");
+    let mut model = BTreeMap::new();
+    let mut d = Daemon::start(&table, &[]);
+    let mut c = client(&d.flight, None).await;
+    for round in 0..5 {
+        let ids: Vec<i64> = (round * 10..round * 10 + 15).collect();
+        put(&mut c, &["t"], vec![rows(&ids, &format!("r{round}"))])
+            .await
+            .unwrap();
+        for i in ids {
+            model.insert(i, format!("r{round}-{i}"));
+        }
+    }
+    d.child.kill().unwrap(); // SIGKILL: nothing flushed, only the WAL
+    d.child.wait().unwrap();
+
+    let a = Daemon::start(&table, &[]);
+    let mut ca = client(&a.flight, None).await;
+    put(&mut ca, &["t"], vec![rows(&[1000], "a")])
+        .await
+        .unwrap();
+    model.insert(1000, "a-1000".into());
+    // A second daemon takes every shard over.
+    let b = Daemon::start(&table, &[]);
+    let mut cb = client(&b.flight, None).await;
+    let e = put(&mut ca, &["t"], vec![rows(&[1000], "lost")])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("epoch"), "{e}");
+    // Still up: status answers and names the lost shard.
+    assert_eq!(http_get(&a.http, "/healthz", None), 200);
+    put(&mut cb, &["t"], vec![rows(&[1001], "b")])
+        .await
+        .unwrap();
+    model.insert(1001, "b-1001".into());
+    assert!(b.stop().success());
+    let _ = a.stop();
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out} {err}");
+    assert_eq!(base_rows(&table).await, model);
+}
