@@ -221,7 +221,8 @@ async fn run(cli: Cli) -> Result<String, String> {
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,lance_io::object_store=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
