@@ -43,6 +43,15 @@ enum Command {
         #[arg(long, default_value = "unsharded")]
         sharding: String,
     },
+    /// Per shard: epoch, manifest version, generations, WAL positions,
+    /// SSTables and compaction progress.
+    Status {
+        /// Table URI.
+        uri: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Merge every shard's published SSTables into the base table (one cycle).
     Compact {
         /// Table URI.
@@ -162,6 +171,7 @@ async fn run(cli: Cli) -> Result<String, String> {
             sharding,
         } => return table::init(&uri, &columns, &sharding).await,
         Command::Compact { uri } => return table::compact(&uri).await,
+        Command::Status { uri, json } => return table::status(&uri, json).await,
         Command::Serve(args) => return serve::serve(args).await,
         Command::Gc {
             uri,

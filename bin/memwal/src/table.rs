@@ -146,6 +146,97 @@ pub async fn compact(uri: &str) -> Result<String, String> {
     }
 }
 
+/// `memwal status`: per shard, the manifest's state and the compaction
+/// progress, as an aligned table or JSON.
+pub async fn status(uri: &str, json: bool) -> Result<String, String> {
+    let loc = open_store(uri).map_err(|e| e.to_string())?;
+    let retry = memwal_store::RetryPolicy::default();
+    let view = memwal_compactor::table_view(&loc, None, &retry)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    for s in &view.shards {
+        let m = memwal_compactor::latest_manifest(&loc, s.shard, &retry)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("shard {} lost its manifest", s.shard))?;
+        let values: Vec<String> = m
+            .shard_field_entries
+            .iter()
+            .map(|e| {
+                let hex: String = e.value.iter().map(|b| format!("{b:02x}")).collect();
+                format!("{}={hex}", e.field_id)
+            })
+            .collect();
+        rows.push(serde_json::json!({
+            "shard": s.shard.to_string(),
+            "values": values.join(","),
+            "epoch": m.writer_epoch,
+            "version": m.version,
+            "generation": m.current_generation,
+            "replay_after": m.replay_after_wal_entry_position,
+            "wal_last_seen": m.wal_entry_position_last_seen,
+            "sstables": m.sstables.len(),
+            "compacted": s.floor,
+            "lag": s.sstables.len(),
+        }));
+    }
+    if json {
+        return Ok(format!(
+            "{}\n",
+            serde_json::json!({ "table": uri, "base_version": view.base.version().version, "shards": rows })
+        ));
+    }
+    let cols = [
+        "shard",
+        "values",
+        "epoch",
+        "version",
+        "generation",
+        "replay_after",
+        "wal_last_seen",
+        "sstables",
+        "compacted",
+        "lag",
+    ];
+    let cell = |r: &serde_json::Value, c: &str| match &r[c] {
+        serde_json::Value::String(s) => s.clone(),
+        v => v.to_string(),
+    };
+    let widths: Vec<usize> = cols
+        .iter()
+        .map(|c| {
+            rows.iter()
+                .map(|r| cell(r, c).len())
+                .chain([c.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = format!(
+        "table {uri}: base version {}, {} shards\n",
+        view.base.version().version,
+        rows.len()
+    );
+    out.push_str(&line(cols.iter().map(|c| c.to_string()).collect()));
+    out.push('\n');
+    for r in &rows {
+        out.push_str(&line(cols.iter().map(|c| cell(r, c)).collect()));
+        out.push('\n');
+    }
+    Ok(out)
+}
+
 /// `memwal gc`.
 pub async fn gc(
     uri: &str,
