@@ -4,6 +4,7 @@
 //! operations (`shard …`); the ingestion daemon will be served from this
 //! binary as well.
 
+mod load;
 mod serve;
 mod table;
 
@@ -30,6 +31,9 @@ struct Cli {
 enum Command {
     /// Run the ingestion daemon: Arrow Flight on --listen, HTTP on --http.
     Serve(serve::ServeArgs),
+    /// Send synthetic rows to a running daemon and report rows/s and ack
+    /// latencies.
+    Load(load::LoadArgs),
     /// Create a base table with the MemWAL index (e.g. `memwal init ./data/t
     /// --column id:int64:key --column v:utf8 --sharding 'bucket(id, 4)'`).
     Init {
@@ -173,6 +177,7 @@ async fn run(cli: Cli) -> Result<String, String> {
         Command::Compact { uri } => return table::compact(&uri).await,
         Command::Status { uri, json } => return table::status(&uri, json).await,
         Command::Serve(args) => return serve::serve(args).await,
+        Command::Load(args) => return load::load(args).await,
         Command::Gc {
             uri,
             dry_run,

@@ -429,3 +429,47 @@ async fn sigkill_loses_nothing_and_a_taken_over_daemon_refuses() {
     assert!(ok, "{out} {err}");
     assert_eq!(base_rows(&table).await, model);
 }
+
+// Breaks if `memwal load` reports rows the daemon did not acknowledge (the
+// base after compaction must hold exactly them), or passes over a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memwal_load_writes_what_it_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    let (ok, _, err) = memwal(&[
+        "init",
+        &table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ]);
+    assert!(ok, "{err}");
+    let d = Daemon::start(&table, &[]);
+    let (ok, out, err) = memwal(&[
+        "load",
+        "--to",
+        &d.flight,
+        "--table",
+        "t",
+        "--rows",
+        "3000",
+        "--batch",
+        "400",
+        "--producers",
+        "3",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("3000 rows in"), "{out}");
+    assert!(out.contains("(8 batches of 400, 3 producers)"), "{out}");
+    let (ok, _, err) = memwal(&["load", "--to", &d.flight, "--table", "nope", "--rows", "10"]);
+    assert!(!ok && err.contains("no table `nope`"), "{err}");
+    assert!(d.stop().success());
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out} {err}");
+    let base = base_rows(&table).await;
+    assert_eq!(base.len(), 3000);
+    assert!(base.keys().copied().eq(0..3000), "keys 0..3000");
+}
