@@ -4,6 +4,7 @@
 //! operations (`shard …`); the ingestion daemon will be served from this
 //! binary as well.
 
+mod config;
 mod load;
 mod serve;
 mod table;
@@ -30,7 +31,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the ingestion daemon: Arrow Flight on --listen, HTTP on --http.
-    Serve(serve::ServeArgs),
+    Serve(config::ServeArgs),
     /// Send synthetic rows to a running daemon and report rows/s and ack
     /// latencies.
     Load(load::LoadArgs),

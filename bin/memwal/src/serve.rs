@@ -1,7 +1,6 @@
 //! `memwal serve`: the ingestion daemon.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,50 +10,19 @@ use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, TableSharding}
 use memwal_server::{http, FlightServiceServer, IngestService, TableHost};
 use memwal_store::open_store;
 
-/// What `memwal serve` was asked to do.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
-    /// A data directory: serves (and on first start creates) the demo table
-    /// `demo` at DATA_DIR/demo (`id` int64 key, `payload` utf8,
-    /// `bucket(id, 4)`), unless --table is given.
-    pub data_dir: Option<String>,
-    /// A table to serve, NAME=URI (repeatable); the table must exist
-    /// (`memwal init`).
-    #[arg(long = "table", env = "MEMWAL_TABLES", value_delimiter = ',')]
-    pub tables: Vec<String>,
-    /// Arrow Flight address.
-    #[arg(long, env = "MEMWAL_LISTEN", default_value = "127.0.0.1:50051")]
-    pub listen: SocketAddr,
-    /// HTTP address (/healthz, /readyz, /status, /metrics).
-    #[arg(long, env = "MEMWAL_HTTP", default_value = "127.0.0.1:9464")]
-    pub http: SocketAddr,
-    /// Do not run the compactor.
-    #[arg(long, env = "MEMWAL_NO_COMPACTOR")]
-    pub no_compactor: bool,
-    /// Seconds between compaction cycles.
-    #[arg(long, env = "MEMWAL_COMPACT_EVERY_SECS", default_value_t = 30)]
-    pub compact_every_secs: u64,
-    /// Require `authorization: Bearer TOKEN` on Flight and HTTP.
-    #[arg(long, env = "MEMWAL_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-}
+use crate::config::{ServeArgs, ServeConfig};
 
 fn demo_schema() -> Arc<arrow_schema::Schema> {
     crate::table::parse_schema(&["id:int64:key".into(), "payload:utf8".into()])
         .expect("static demo schema")
 }
 
-async fn tables(args: &ServeArgs) -> Result<Vec<(String, String)>, String> {
-    let mut out = Vec::new();
-    for t in &args.tables {
-        let (name, uri) = t
-            .split_once('=')
-            .ok_or_else(|| format!("--table `{t}`: expected NAME=URI"))?;
-        if name.is_empty() || uri.is_empty() {
-            return Err(format!("--table `{t}`: expected NAME=URI"));
-        }
-        out.push((name.to_string(), uri.to_string()));
-    }
+async fn tables(args: &ServeConfig) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = args
+        .tables
+        .iter()
+        .map(|(n, u)| (n.clone(), u.clone()))
+        .collect();
     if out.is_empty() {
         let dir = args
             .data_dir
@@ -94,6 +62,7 @@ async fn tables(args: &ServeArgs) -> Result<Vec<(String, String)>, String> {
 /// shard; a second signal exits at once (the WAL keeps every acknowledged
 /// row).
 pub async fn serve(args: ServeArgs) -> Result<String, String> {
+    let args = crate::config::resolve(&args)?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("installing the metrics recorder: {e}"))?;
@@ -132,7 +101,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     });
 
     let mut compactors = Vec::new();
-    if !args.no_compactor {
+    if args.compactor {
         for (_, uri) in &names {
             let loc = open_store(uri).map_err(|e| e.to_string())?;
             compactors.push(CompactorTask::spawn(

@@ -1,0 +1,210 @@
+//! `memwal serve` settings, layered: built-in defaults, then the TOML file
+//! (`--config`), then flags, then `MEMWAL_*` environment variables (each
+//! layer overrides the ones before it).
+//!
+//! File keys (all optional):
+//!
+//! ```toml
+//! data_dir = "./data"            # serve (and create) the demo table here
+//! listen = "127.0.0.1:50051"     # Arrow Flight
+//! http = "127.0.0.1:9464"        # /healthz /readyz /status /metrics
+//! compactor = true
+//! compact_every_secs = 30
+//! token = "…"                    # require `authorization: Bearer …`
+//! [tables]                       # NAME = URI; replaces the demo table
+//! orders = "s3://bucket/orders"
+//! ```
+//!
+//! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
+//! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_COMPACT_EVERY_SECS`,
+//! `MEMWAL_TOKEN`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The resolved settings of `memwal serve`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServeConfig {
+    /// Serves the demo table `demo` at `data_dir/demo` when `tables` is empty.
+    pub data_dir: Option<String>,
+    /// Tables to serve: name -> URI.
+    pub tables: BTreeMap<String, String>,
+    /// Arrow Flight address.
+    pub listen: SocketAddr,
+    /// HTTP address.
+    pub http: SocketAddr,
+    /// Run the compaction task.
+    pub compactor: bool,
+    /// Seconds between compaction cycles.
+    pub compact_every_secs: u64,
+    /// Bearer token required on Flight and HTTP.
+    pub token: Option<String>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: None,
+            tables: BTreeMap::new(),
+            listen: "127.0.0.1:50051".parse().expect("static address"),
+            http: "127.0.0.1:9464".parse().expect("static address"),
+            compactor: true,
+            compact_every_secs: 30,
+            token: None,
+        }
+    }
+}
+
+/// The flags of `memwal serve` (each one only when given).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// A data directory: serves (and on first start creates) the demo table
+    /// `demo` at DATA_DIR/demo (`id` int64 key, `payload` utf8,
+    /// `bucket(id, 4)`), unless tables are configured.
+    pub data_dir: Option<String>,
+    /// A table to serve, NAME=URI (repeatable); it must exist (`memwal init`).
+    #[arg(long = "table")]
+    pub tables: Vec<String>,
+    /// Arrow Flight address [default: 127.0.0.1:50051].
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// HTTP address (/healthz, /readyz, /status, /metrics) [default: 127.0.0.1:9464].
+    #[arg(long)]
+    pub http: Option<SocketAddr>,
+    /// Do not run the compactor.
+    #[arg(long)]
+    pub no_compactor: bool,
+    /// Seconds between compaction cycles [default: 30].
+    #[arg(long)]
+    pub compact_every_secs: Option<u64>,
+    /// Require `authorization: Bearer TOKEN` on Flight and HTTP.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// A TOML settings file (see the keys in `memwal serve --help` docs).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The flags that were given, as a settings layer.
+fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut m = serde_json::Map::new();
+    let mut put = |k: &str, v: serde_json::Value| {
+        m.insert(k.to_string(), v);
+    };
+    if let Some(d) = &args.data_dir {
+        put("data_dir", d.clone().into());
+    }
+    if !args.tables.is_empty() {
+        let mut tables = serde_json::Map::new();
+        for t in &args.tables {
+            let (name, uri) = t
+                .split_once('=')
+                .filter(|(n, u)| !n.is_empty() && !u.is_empty())
+                .ok_or_else(|| format!("--table `{t}`: expected NAME=URI"))?;
+            tables.insert(name.to_string(), uri.to_string().into());
+        }
+        put("tables", tables.into());
+    }
+    if let Some(a) = args.listen {
+        put("listen", a.to_string().into());
+    }
+    if let Some(a) = args.http {
+        put("http", a.to_string().into());
+    }
+    if args.no_compactor {
+        put("compactor", false.into());
+    }
+    if let Some(s) = args.compact_every_secs {
+        put("compact_every_secs", s.into());
+    }
+    if let Some(t) = &args.token {
+        put("token", t.clone().into());
+    }
+    Ok(m)
+}
+
+/// Resolves the layers; errors name the offending key and source.
+pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
+    let mut fig = Figment::from(Serialized::defaults(ServeConfig::default()));
+    if let Some(path) = &args.config {
+        if !path.exists() {
+            return Err(format!("--config {}: no such file", path.display()));
+        }
+        fig = fig.merge(Toml::file(path));
+    }
+    let config: ServeConfig = fig
+        .merge(Serialized::defaults(flag_layer(args)?))
+        .merge(Env::prefixed("MEMWAL_").only(&[
+            "data_dir",
+            "tables",
+            "listen",
+            "http",
+            "compactor",
+            "compact_every_secs",
+            "token",
+        ]))
+        .extract()
+        .map_err(|e| format!("settings: {e}"))?;
+    if config.tables.is_empty() && config.data_dir.is_none() {
+        return Err(
+            "give a data directory (memwal serve ./data) or tables (--table NAME=URI)".into(),
+        );
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
+mod tests {
+    use super::*;
+
+    // Breaks if a layer is skipped or the precedence is not defaults < file
+    // < flags < environment, or if a bad value is accepted.
+    #[test]
+    fn layers_override_in_order() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "memwal.toml",
+                "listen = \"127.0.0.1:1\"\nhttp = \"127.0.0.1:2\"\ncompact_every_secs = 5\n[tables]\na = \"/x\"\n",
+            )?;
+            let args = ServeArgs {
+                config: Some("memwal.toml".into()),
+                http: Some("127.0.0.1:3".parse().unwrap()),
+                compact_every_secs: Some(7),
+                ..Default::default()
+            };
+            jail.set_env("MEMWAL_COMPACT_EVERY_SECS", "9");
+            let c = resolve(&args).map_err(|e| e.to_string())?;
+            assert_eq!(c.listen.port(), 1, "file over default");
+            assert_eq!(c.http.port(), 3, "flag over file");
+            assert_eq!(c.compact_every_secs, 9, "environment over flag");
+            assert_eq!(c.tables.get("a").map(String::as_str), Some("/x"));
+            assert!(c.compactor, "default kept");
+            jail.set_env("MEMWAL_LISTEN", "not an address");
+            let e = resolve(&args).unwrap_err();
+            assert!(e.to_lowercase().contains("listen"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn nothing_to_serve_and_bad_tables_are_refused() {
+        figment::Jail::expect_with(|_| {
+            assert!(resolve(&ServeArgs::default())
+                .unwrap_err()
+                .contains("data directory"));
+            let bad = ServeArgs {
+                tables: vec!["noequals".into()],
+                ..Default::default()
+            };
+            assert!(resolve(&bad).unwrap_err().contains("NAME=URI"));
+            Ok(())
+        });
+    }
+}
