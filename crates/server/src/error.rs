@@ -39,6 +39,16 @@ pub enum ServerError {
         /// What was observed (the epochs).
         reason: String,
     },
+    /// Some parts of a batch are durable, another failed: retrying the whole
+    /// batch is safe for a keyed table (last write wins) but appends those
+    /// parts again to an append-only one.
+    #[error("{source}; parts already durable: {durable}")]
+    Partial {
+        /// The failure.
+        source: Box<ServerError>,
+        /// The durable parts (shard: rows at WAL position).
+        durable: String,
+    },
     /// Setting up a table failed.
     #[error("table `{table}`: {reason}")]
     Setup {
@@ -51,23 +61,26 @@ pub enum ServerError {
 
 impl From<ServerError> for Status {
     fn from(e: ServerError) -> Self {
-        let code = match &e {
-            ServerError::UnknownTable(_) => Code::NotFound,
-            ServerError::InvalidInput { .. } => Code::InvalidArgument,
-            ServerError::ServedElsewhere { .. } => Code::FailedPrecondition,
-            ServerError::Setup { .. } => Code::Internal,
-            ServerError::Writer { source, .. } => match source {
-                memwal::Error::Fenced { .. } | memwal::Error::Sealed { .. } => {
-                    Code::FailedPrecondition
-                }
-                memwal::Error::InvalidInput { .. } => Code::InvalidArgument,
-                memwal::Error::Backpressure { .. } => Code::ResourceExhausted,
-                memwal::Error::OutcomeUnknown { .. } => Code::Unavailable,
-                memwal::Error::Closed { .. } => Code::Unavailable,
-                memwal::Error::Storage { .. } => Code::Unavailable,
-                _ => Code::Internal,
-            },
-        };
+        let code = code_of(&e);
         Status::new(code, e.to_string())
+    }
+}
+
+fn code_of(e: &ServerError) -> Code {
+    match e {
+        ServerError::Partial { source, .. } => code_of(source),
+        ServerError::UnknownTable(_) => Code::NotFound,
+        ServerError::InvalidInput { .. } => Code::InvalidArgument,
+        ServerError::ServedElsewhere { .. } => Code::FailedPrecondition,
+        ServerError::Setup { .. } => Code::Internal,
+        ServerError::Writer { source, .. } => match source {
+            memwal::Error::Fenced { .. } | memwal::Error::Sealed { .. } => Code::FailedPrecondition,
+            memwal::Error::InvalidInput { .. } => Code::InvalidArgument,
+            memwal::Error::Backpressure { .. } => Code::ResourceExhausted,
+            memwal::Error::OutcomeUnknown { .. } => Code::Unavailable,
+            memwal::Error::Closed { .. } => Code::Unavailable,
+            memwal::Error::Storage { .. } => Code::Unavailable,
+            _ => Code::Internal,
+        },
     }
 }

@@ -276,8 +276,8 @@ impl TableHost {
 
     /// Writes `batch` (rows, or key-only deletes): split by shard, every
     /// part handed to its shard's writer at once; returns once every part
-    /// is durable. Any part failing fails the call (parts that succeeded
-    /// stay durable: the error says which).
+    /// is durable. Any part failing fails the call; parts that succeeded
+    /// stay durable and the error ([`ServerError::Partial`]) lists them.
     pub async fn write(
         &self,
         batch: &RecordBatch,
@@ -322,10 +322,29 @@ impl TableHost {
                 }
             }
         });
-        futures::future::join_all(writes)
-            .await
-            .into_iter()
-            .collect()
+        let results = futures::future::join_all(writes).await;
+        let mut done = Vec::new();
+        let mut failed = None;
+        for r in results {
+            match r {
+                Ok(part) => done.push(part),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            None => Ok(done),
+            Some(e) if done.is_empty() => Err(e),
+            Some(e) => Err(ServerError::Partial {
+                source: Box::new(e),
+                durable: done
+                    .iter()
+                    .map(|p| format!("{}: {} rows at {}", p.shard, p.rows, p.wal_position))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
     }
 
     async fn lose(&self, key: &ShardKey, shard: ShardId, reason: String) {
