@@ -293,23 +293,106 @@ async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
     assert_eq!(base_rows(&table).await, model);
 }
 
+/// The Python with the pinned clients (`MEMWAL_TEST_PYTHON`), or `None`
+/// (the test is skipped) outside CI; under CI a missing one is a failure.
+fn test_python(test: &str) -> Option<String> {
+    let python = std::env::var("MEMWAL_TEST_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty());
+    if python.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI must run the {test} test: MEMWAL_TEST_PYTHON is unset (scripts/py-clients.sh)"
+        );
+        eprintln!(
+            "SKIPPED {test} test: MEMWAL_TEST_PYTHON unset (eval \"$(scripts/py-clients.sh)\")"
+        );
+    }
+    python
+}
+
+fn run_python(python: &str, script: &str, args: &[&str]) -> String {
+    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python).arg(&path).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn init_bucket_table(table: &str) {
+    let (ok, _, err) = memwal(&[
+        "init",
+        table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ]);
+    assert!(ok, "{err}");
+}
+
+// Breaks if ADBC's Flight SQL driver (`adbc_ingest`, no custom client code)
+// cannot ingest through the daemon: GetSqlInfo must name the server, each
+// ingest must report its row count only once durable (the rows survive a
+// SIGKILL right after, replay on restart and are in the base table after
+// compaction, read by pylance and by lance alike, last write wins), and
+// mode "create", an unknown table and a wrong token must be refused with
+// their codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adbc_bulk_ingest_writes_through_the_daemon_and_pylance_reads_it() {
+    let Some(python) = test_python("ADBC") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(&table, &["--token", "sesame"]);
+    let out = run_python(&python, "adbc_ingest.py", &[&d.flight, "t", "sesame"]);
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(got["vendor_name"], "memwal", "{got}");
+    assert_eq!(got["counts"], serde_json::json!([10, 10]), "{got}");
+    for (key, code) in [
+        ("create_refused", "ALREADY_EXISTS"),
+        ("unknown_refused", "NOT_FOUND"),
+        ("token_refused", "UNAUTHENTICATED"),
+    ] {
+        let msg = got[key].as_str().unwrap_or_else(|| panic!("{key}: {got}"));
+        assert!(msg.contains(code), "{key}: {msg}");
+    }
+    // SIGKILL: nothing flushed; the reported rows must be in the WAL.
+    let mut d = d;
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    assert!(Daemon::start(&table, &[]).stop().success());
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out} {err}");
+    let mut model = BTreeMap::new();
+    for i in 0..15i64 {
+        let tag = if (5..10).contains(&i) { "a" } else { "b" };
+        model.insert(i, format!("{tag}-{i}"));
+    }
+    assert_eq!(base_rows(&table).await, model);
+    let read: BTreeMap<String, String> =
+        serde_json::from_str(run_python(&python, "lance_read.py", &[&table]).trim()).unwrap();
+    let read: BTreeMap<i64, String> = read
+        .into_iter()
+        .map(|(k, v)| (k.parse().unwrap(), v))
+        .collect();
+    assert_eq!(read, model, "pylance's view of the base table");
+}
+
 // Breaks if pyarrow's Flight client (a user's real client) cannot write
 // through the daemon: per-batch acks in order with the request id echoed,
 // deletes by key, and the rows in the base table after compaction. Needs
 // MEMWAL_TEST_PYTHON (`eval "$(scripts/py-clients.sh)"`); required in CI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyarrow_flight_client_writes_through_the_daemon() {
-    let Some(python) = std::env::var("MEMWAL_TEST_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-    else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI must run the pyarrow test: MEMWAL_TEST_PYTHON is unset (scripts/py-clients.sh)"
-        );
-        eprintln!(
-            "SKIPPED pyarrow test: MEMWAL_TEST_PYTHON unset (eval \"$(scripts/py-clients.sh)\")"
-        );
+    let Some(python) = test_python("pyarrow") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,8 @@
 //! The Arrow Flight service: `DoPut` ingestion (rows, or key-only deletes
 //! with the descriptor path `[NAME, "delete"]`), `GetFlightInfo` /
 //! `GetSchema` for a table's schema, `DoAction` `flush` and `status`.
+//! Command descriptors and tickets are Flight SQL ([`crate::sql`]: bulk
+//! ingest and `GetSqlInfo`).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -8,7 +10,9 @@ use std::sync::Arc;
 
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::error::FlightError;
+use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::Command;
 use arrow_flight::{
     Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
     HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaAsIpc, SchemaResult, Ticket,
@@ -19,7 +23,7 @@ use futures::{Stream, StreamExt, TryStreamExt};
 use serde_json::json;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::{ServerError, TableHost};
+use crate::{sql, ServerError, TableHost};
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -138,6 +142,9 @@ impl FlightService for IngestService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         self.authorize(&request)?;
+        if is_command(request.get_ref()) {
+            return Ok(Response::new(sql::flight_info(request.get_ref())?));
+        }
         let (t, _) = self.target(request.get_ref())?;
         Ok(Response::new(flight_info(t.name(), t.schema())?))
     }
@@ -154,15 +161,28 @@ impl FlightService for IngestService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
         self.authorize(&request)?;
+        if is_command(request.get_ref()) {
+            return Ok(Response::new(schema_result(&sql::schema(
+                request.get_ref(),
+            )?)?));
+        }
         let (t, delete) = self.target(request.get_ref())?;
         let schema = if delete { t.key_schema() } else { t.schema() };
         Ok(Response::new(schema_result(&wire_schema(schema))?))
     }
 
-    async fn do_get(&self, _: Request<Ticket>) -> Result<Response<Self::DoGetStream>, Status> {
-        Err(Status::unimplemented(
-            "do_get: memwal ingests; read the table with lance",
-        ))
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.authorize(&request)?;
+        match sql::do_get(request.get_ref()) {
+            Ok(stream) => Ok(Response::new(stream)),
+            Err(e) if e.code() == tonic::Code::InvalidArgument => Err(Status::unimplemented(
+                "do_get serves only Flight SQL's GetSqlInfo: memwal ingests; read tables with lance",
+            )),
+            Err(e) => Err(e),
+        }
     }
 
     async fn do_put(
@@ -179,12 +199,28 @@ impl FlightService for IngestService {
             .flight_descriptor
             .clone()
             .ok_or_else(|| Status::invalid_argument("the first message carries no descriptor"))?;
-        let (table, delete) = self.target(&descriptor)?;
         let messages =
             futures::stream::once(async move { Ok(first) }).chain(input.map_err(FlightError::from));
         let decoder = FlightDataDecoder::new(messages);
         let (tx, rx) = futures::channel::mpsc::channel::<Result<PutResult, Status>>(16);
-        tokio::spawn(ingest(table, delete, decoder, tx));
+        if is_command(&descriptor) {
+            let cmd = match sql::command(&descriptor.cmd)? {
+                Command::CommandStatementIngest(cmd) => cmd,
+                other => {
+                    return Err(Status::unimplemented(format!(
+                        "DoPut of Flight SQL `{}`: memwal takes only bulk ingest \
+                         (CommandStatementIngest) or a path descriptor [TABLE]",
+                        other.type_url()
+                    )))
+                }
+            };
+            sql::ingest_target(&cmd)?;
+            let table = self.table(&cmd.table)?;
+            tokio::spawn(sql::ingest(table, decoder, tx));
+        } else {
+            let (table, delete) = self.target(&descriptor)?;
+            tokio::spawn(ingest(table, delete, decoder, tx));
+        }
         Ok(Response::new(Box::pin(rx)))
     }
 
@@ -247,6 +283,11 @@ impl FlightService for IngestService {
         });
         Ok(Response::new(Box::pin(futures::stream::iter(actions))))
     }
+}
+
+/// Whether a descriptor carries a (Flight SQL) command rather than a path.
+fn is_command(d: &FlightDescriptor) -> bool {
+    d.r#type == DescriptorType::Cmd as i32
 }
 
 fn flight_info(name: &str, schema: &SchemaRef) -> Result<FlightInfo, Status> {

@@ -9,6 +9,7 @@
 mod error;
 mod flight;
 pub mod http;
+mod sql;
 mod table;
 
 pub use arrow_flight::flight_service_server::FlightServiceServer;

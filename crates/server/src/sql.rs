@@ -1,0 +1,264 @@
+//! The Flight SQL subset memwal speaks: bulk ingest
+//! (`CommandStatementIngest`, what ADBC's `adbc_ingest` sends) and
+//! `CommandGetSqlInfo` (which advertises it). memwal runs no SQL; every
+//! other Flight SQL command is refused with `UNIMPLEMENTED` naming it.
+//!
+//! An ingest appends to a served table: upserts, last write wins by primary
+//! key (append-only tables: plain appends). Its one result, the row count,
+//! is sent only after every batch of the stream is durable; a failure ends
+//! the call with a status saying how many rows before it are durable.
+
+use std::sync::{Arc, OnceLock};
+
+use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
+use arrow_flight::sql::{
+    Any, Command, CommandGetSqlInfo, CommandStatementIngest, DoPutUpdateResult, ProstMessageExt,
+    SqlInfo, SqlSupportedTransaction, TableExistsOption,
+};
+use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, PutResult, Ticket};
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt, TryStreamExt};
+use prost::Message;
+use tonic::Status;
+
+use crate::TableHost;
+
+/// What memwal answers to `CommandGetSqlInfo`.
+fn sql_info() -> &'static SqlInfoData {
+    static INFO: OnceLock<SqlInfoData> = OnceLock::new();
+    INFO.get_or_init(|| {
+        let mut b = SqlInfoDataBuilder::new();
+        b.append(SqlInfo::FlightSqlServerName, "memwal");
+        b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+        b.append(SqlInfo::FlightSqlServerArrowVersion, "58");
+        b.append(SqlInfo::FlightSqlServerReadOnly, false);
+        b.append(SqlInfo::FlightSqlServerSql, false);
+        b.append(SqlInfo::FlightSqlServerSubstrait, false);
+        b.append(
+            SqlInfo::FlightSqlServerTransaction,
+            SqlSupportedTransaction::None as i32,
+        );
+        b.append(SqlInfo::FlightSqlServerCancel, false);
+        b.append(SqlInfo::FlightSqlServerBulkIngestion, true);
+        b.append(SqlInfo::FlightSqlServerIngestTransactionsSupported, false);
+        b.build().expect("the SQL info values are well-formed")
+    })
+}
+
+/// Decodes a Flight SQL command carried in a descriptor's `cmd` or a ticket.
+pub(crate) fn command(bytes: &[u8]) -> Result<Command, Status> {
+    let any = Any::decode(bytes).map_err(|e| {
+        Status::invalid_argument(format!("not a Flight SQL command (protobuf Any): {e}"))
+    })?;
+    Command::try_from(any).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn unsupported(cmd: &Command) -> Status {
+    Status::unimplemented(format!(
+        "memwal speaks Flight SQL only for bulk ingest (CommandStatementIngest) and \
+         CommandGetSqlInfo, not `{}`; it runs no SQL (read tables with lance)",
+        cmd.type_url()
+    ))
+}
+
+/// `GetFlightInfo` for a command descriptor: only `CommandGetSqlInfo`.
+pub(crate) fn flight_info(descriptor: &FlightDescriptor) -> Result<FlightInfo, Status> {
+    match command(&descriptor.cmd)? {
+        Command::CommandGetSqlInfo(get) => {
+            let schema = get.clone().into_builder(sql_info()).schema();
+            let ticket = Ticket::new(get.as_any().encode_to_vec());
+            FlightInfo::new()
+                .try_with_schema(&schema)
+                .map_err(|e| Status::internal(e.to_string()))
+                .map(|i| {
+                    i.with_descriptor(descriptor.clone())
+                        .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
+                })
+        }
+        other => Err(unsupported(&other)),
+    }
+}
+
+/// `GetSchema` for a command descriptor.
+pub(crate) fn schema(descriptor: &FlightDescriptor) -> Result<arrow_schema::SchemaRef, Status> {
+    match command(&descriptor.cmd)? {
+        Command::CommandGetSqlInfo(get) => Ok(get.into_builder(sql_info()).schema()),
+        other => Err(unsupported(&other)),
+    }
+}
+
+/// `DoGet` of a ticket [`flight_info`] handed out.
+pub(crate) fn do_get(
+    ticket: &Ticket,
+) -> Result<futures::stream::BoxStream<'static, Result<FlightData, Status>>, Status> {
+    let get: CommandGetSqlInfo = match command(&ticket.ticket)? {
+        Command::CommandGetSqlInfo(get) => get,
+        other => return Err(unsupported(&other)),
+    };
+    let batch = get
+        .into_builder(sql_info())
+        .build()
+        .map_err(|e| Status::internal(e.to_string()))?;
+    let stream = FlightDataEncoderBuilder::new()
+        .build(futures::stream::once(async { Ok(batch) }))
+        .map_err(Status::from);
+    Ok(stream.boxed())
+}
+
+/// The table an ingest command targets, or why it cannot be served. memwal
+/// ingests only into existing tables (created with `memwal init`) and never
+/// replaces one.
+pub(crate) fn ingest_target(cmd: &CommandStatementIngest) -> Result<(), Status> {
+    let table = &cmd.table;
+    if cmd.temporary {
+        return Err(Status::invalid_argument(format!(
+            "ingest into `{table}`: memwal has no temporary tables"
+        )));
+    }
+    if cmd.transaction_id.is_some() {
+        return Err(Status::invalid_argument(format!(
+            "ingest into `{table}`: memwal has no transactions (each batch is durable on its own)"
+        )));
+    }
+    for (what, v) in [("catalog", &cmd.catalog), ("schema", &cmd.schema)] {
+        if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+            return Err(Status::invalid_argument(format!(
+                "ingest into `{table}`: memwal tables have no {what} (got `{v}`)"
+            )));
+        }
+    }
+    let if_exists = cmd
+        .table_definition_options
+        .as_ref()
+        .map(|o| o.if_exists())
+        .unwrap_or(TableExistsOption::Unspecified);
+    match if_exists {
+        TableExistsOption::Append | TableExistsOption::Unspecified => Ok(()),
+        TableExistsOption::Fail => Err(Status::already_exists(format!(
+            "table `{table}` exists; memwal ingests into existing tables: use mode \"append\""
+        ))),
+        TableExistsOption::Replace => Err(Status::invalid_argument(format!(
+            "ingest into `{table}`: memwal never replaces a table; use mode \"append\""
+        ))),
+    }
+}
+
+/// Writes every batch of a bulk ingest, then sends the one result (the row
+/// count) once all of them are durable.
+pub(crate) async fn ingest(
+    table: Arc<TableHost>,
+    mut decoder: FlightDataDecoder,
+    mut tx: futures::channel::mpsc::Sender<Result<PutResult, Status>>,
+) {
+    let mut rows: i64 = 0;
+    let mut batches: u64 = 0;
+    let durable_before = |rows: i64, batches: u64| {
+        format!("; {rows} rows in the {batches} batches before it are durable")
+    };
+    while let Some(item) = decoder.next().await {
+        let batch = match item {
+            Ok(d) => match d.payload {
+                DecodedPayload::RecordBatch(b) => b,
+                _ => continue,
+            },
+            Err(e) => {
+                let status = Status::invalid_argument(format!(
+                    "ingest into `{}`: undecodable Flight data: {e}{}",
+                    table.name(),
+                    durable_before(rows, batches)
+                ));
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+        };
+        let started = std::time::Instant::now();
+        let result = table.write(&batch, false).await;
+        metrics::histogram!("memwal_server_put_seconds", "table" => table.name().to_string())
+            .record(started.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            let status = Status::from(e);
+            let status = Status::new(
+                status.code(),
+                format!("{}{}", status.message(), durable_before(rows, batches)),
+            );
+            let _ = tx.send(Err(status)).await;
+            return;
+        }
+        metrics::counter!("memwal_server_rows_total", "table" => table.name().to_string())
+            .increment(batch.num_rows() as u64);
+        rows += batch.num_rows() as i64;
+        batches += 1;
+    }
+    let result = DoPutUpdateResult { record_count: rows };
+    let _ = tx
+        .send(Ok(PutResult {
+            app_metadata: Bytes::from(result.encode_to_vec()),
+        }))
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_flight::sql::TableDefinitionOptions;
+    use arrow_flight::sql::TableNotExistOption;
+    use tonic::Code;
+
+    fn cmd(if_exists: TableExistsOption) -> CommandStatementIngest {
+        CommandStatementIngest {
+            table_definition_options: Some(TableDefinitionOptions {
+                if_not_exist: TableNotExistOption::Fail as i32,
+                if_exists: if_exists as i32,
+            }),
+            table: "t".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn append_is_served_and_replace_fail_temporary_transactions_are_refused() {
+        assert!(ingest_target(&cmd(TableExistsOption::Append)).is_ok());
+        assert!(ingest_target(&cmd(TableExistsOption::Unspecified)).is_ok());
+        let code = |c: &CommandStatementIngest| ingest_target(c).unwrap_err().code();
+        assert_eq!(code(&cmd(TableExistsOption::Fail)), Code::AlreadyExists);
+        assert_eq!(
+            code(&cmd(TableExistsOption::Replace)),
+            Code::InvalidArgument
+        );
+        let mut temp = cmd(TableExistsOption::Append);
+        temp.temporary = true;
+        assert_eq!(code(&temp), Code::InvalidArgument);
+        let mut txn = cmd(TableExistsOption::Append);
+        txn.transaction_id = Some(Bytes::from_static(b"x"));
+        assert_eq!(code(&txn), Code::InvalidArgument);
+        let mut cat = cmd(TableExistsOption::Append);
+        cat.catalog = Some("c".into());
+        assert_eq!(code(&cat), Code::InvalidArgument);
+    }
+
+    #[test]
+    fn sql_info_advertises_bulk_ingest_and_no_sql() {
+        let get = CommandGetSqlInfo {
+            info: vec![
+                SqlInfo::FlightSqlServerBulkIngestion as u32,
+                SqlInfo::FlightSqlServerSql as u32,
+            ],
+        };
+        let batch = get.into_builder(sql_info()).build().unwrap();
+        assert_eq!(batch.num_rows(), 2);
+        let ticket = Ticket::new(CommandGetSqlInfo { info: vec![] }.as_any().encode_to_vec());
+        assert!(matches!(
+            command(&ticket.ticket).unwrap(),
+            Command::CommandGetSqlInfo(_)
+        ));
+        let query = arrow_flight::sql::CommandStatementQuery {
+            query: "select 1".into(),
+            transaction_id: None,
+        };
+        let err = schema(&FlightDescriptor::new_cmd(query.as_any().encode_to_vec())).unwrap_err();
+        assert_eq!(err.code(), Code::Unimplemented);
+        assert!(err.message().contains("CommandStatementQuery"), "{err}");
+    }
+}
