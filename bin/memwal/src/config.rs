@@ -13,11 +13,14 @@
 //! token = "…"                    # require `authorization: Bearer …`
 //! [tables]                       # NAME = URI; replaces the demo table
 //! orders = "s3://bucket/orders"
+//! [shards]                       # NAME = buckets this daemon owns (default: all)
+//! orders = "0-1,3"
 //! ```
 //!
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_COMPACT_EVERY_SECS`,
-//! `MEMWAL_TOKEN`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`).
+//! `MEMWAL_TOKEN`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
+//! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -35,6 +38,8 @@ pub struct ServeConfig {
     pub data_dir: Option<String>,
     /// Tables to serve: name -> URI.
     pub tables: BTreeMap<String, String>,
+    /// Buckets owned per table (`"0-1,3"`); a table not listed: all.
+    pub shards: BTreeMap<String, String>,
     /// Arrow Flight address.
     pub listen: SocketAddr,
     /// HTTP address.
@@ -52,6 +57,7 @@ impl Default for ServeConfig {
         Self {
             data_dir: None,
             tables: BTreeMap::new(),
+            shards: BTreeMap::new(),
             listen: "127.0.0.1:50051".parse().expect("static address"),
             http: "127.0.0.1:9464".parse().expect("static address"),
             compactor: true,
@@ -71,6 +77,11 @@ pub struct ServeArgs {
     /// A table to serve, NAME=URI (repeatable); it must exist (`memwal init`).
     #[arg(long = "table")]
     pub tables: Vec<String>,
+    /// Own only these buckets of a `bucket`-sharded table, NAME=LIST
+    /// (`orders=0-1,3`; repeatable). Other daemons own the rest; rows for a
+    /// bucket not owned are refused with FAILED_PRECONDITION.
+    #[arg(long = "shards")]
+    pub shards: Vec<String>,
     /// Arrow Flight address [default: 127.0.0.1:50051].
     #[arg(long)]
     pub listen: Option<SocketAddr>,
@@ -111,6 +122,17 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
         }
         put("tables", tables.into());
     }
+    if !args.shards.is_empty() {
+        let mut shards = serde_json::Map::new();
+        for t in &args.shards {
+            let (name, list) = t
+                .split_once('=')
+                .filter(|(n, l)| !n.is_empty() && !l.is_empty())
+                .ok_or_else(|| format!("--shards `{t}`: expected NAME=LIST (orders=0-1,3)"))?;
+            shards.insert(name.to_string(), list.to_string().into());
+        }
+        put("shards", shards.into());
+    }
     if let Some(a) = args.listen {
         put("listen", a.to_string().into());
     }
@@ -143,6 +165,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
         .merge(Env::prefixed("MEMWAL_").only(&[
             "data_dir",
             "tables",
+            "shards",
             "listen",
             "http",
             "compactor",
@@ -156,7 +179,36 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "give a data directory (memwal serve ./data) or tables (--table NAME=URI)".into(),
         );
     }
+    for (table, list) in &config.shards {
+        parse_buckets(list).map_err(|e| format!("shards of `{table}`: {e}"))?;
+    }
     Ok(config)
+}
+
+/// Parses a bucket list: numbers and inclusive ranges, comma-separated
+/// (`0-1,3`), sorted and deduplicated.
+pub fn parse_buckets(list: &str) -> Result<Vec<u32>, String> {
+    let mut out = std::collections::BTreeSet::new();
+    for part in list.split(',').map(str::trim) {
+        let num = |s: &str| {
+            s.trim()
+                .parse::<u32>()
+                .map_err(|_| format!("`{s}` is not a bucket number (in `{list}`)"))
+        };
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (num(a)?, num(b)?);
+                if a > b {
+                    return Err(format!("empty range `{part}`"));
+                }
+                out.extend(a..=b);
+            }
+            None => {
+                out.insert(num(part)?);
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
 }
 
 #[cfg(test)]
@@ -189,6 +241,31 @@ mod tests {
             jail.set_env("MEMWAL_LISTEN", "not an address");
             let e = resolve(&args).unwrap_err();
             assert!(e.to_lowercase().contains("listen"), "{e}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bucket_lists_parse_and_bad_ones_are_refused() {
+        assert_eq!(parse_buckets("0-1,3").unwrap(), vec![0, 1, 3]);
+        assert_eq!(parse_buckets("2, 2,1").unwrap(), vec![1, 2]);
+        for bad in ["", "a", "3-1", "1-", "-1"] {
+            assert!(parse_buckets(bad).is_err(), "{bad}");
+        }
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("MEMWAL_SHARDS", "{t=\"0-1\"}");
+            let args = ServeArgs {
+                tables: vec!["t=/x".into()],
+                ..Default::default()
+            };
+            let c = resolve(&args).map_err(|e| e.to_string())?;
+            assert_eq!(c.shards.get("t").map(String::as_str), Some("0-1"));
+            let bad = ServeArgs {
+                shards: vec!["t=x".into()],
+                ..args
+            };
+            jail.set_env("MEMWAL_SHARDS", "{}");
+            assert!(resolve(&bad).unwrap_err().contains("shards of `t`"));
             Ok(())
         });
     }

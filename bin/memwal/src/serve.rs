@@ -70,18 +70,16 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     let token: Option<Arc<str>> = args.token.clone().map(Into::into);
     let names = tables(&args).await?;
 
-    let mut hosts = HashMap::new();
-    for (name, uri) in &names {
-        let loc = open_store(uri).map_err(|e| format!("table `{name}`: {e}"))?;
-        let host = TableHost::open(name, loc, ShardWriterConfig::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        hosts.insert(name.clone(), Arc::new(host));
+    for name in args.shards.keys() {
+        if !names.iter().any(|(n, _)| n == name) {
+            return Err(format!(
+                "shards are configured for `{name}`, which is not served"
+            ));
+        }
     }
-    let hosts = Arc::new(hosts);
-
+    let opened: http::Tables = Arc::default();
     let http_state = http::HttpState {
-        tables: hosts.clone(),
+        tables: opened.clone(),
         ready: ready.clone(),
         metrics: Some(metrics),
         token: token.clone(),
@@ -90,6 +88,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         .await
         .map_err(|e| format!("binding {}: {e}", args.http))?;
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!("memwal: opening tables (claim and replay); http://{http_addr}/readyz answers 503 until done");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut http_stop = stop_rx.clone();
     let http_task = tokio::spawn(async move {
@@ -99,6 +98,23 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             })
             .await
     });
+
+    let mut hosts = HashMap::new();
+    for (name, uri) in &names {
+        let loc = open_store(uri).map_err(|e| format!("table `{name}`: {e}"))?;
+        let buckets = match args.shards.get(name) {
+            Some(list) => Some(crate::config::parse_buckets(list)?),
+            None => None,
+        };
+        let host =
+            TableHost::open_buckets(name, loc, ShardWriterConfig::default(), buckets.as_deref())
+                .await
+                .map_err(|e| e.to_string())?;
+        hosts.insert(name.clone(), Arc::new(host));
+    }
+    let hosts = Arc::new(hosts);
+
+    let _ = opened.set(hosts.clone());
 
     let mut compactors = Vec::new();
     if args.compactor {

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -15,12 +15,16 @@ use serde_json::json;
 
 use crate::TableHost;
 
+/// The served tables, set once every one is open (its shards claimed and
+/// replayed); HTTP answers before that (`/readyz`: not ready).
+pub type Tables = Arc<OnceLock<Arc<HashMap<String, Arc<TableHost>>>>>;
+
 /// What the endpoints read.
 #[derive(Clone)]
 pub struct HttpState {
-    /// The served tables.
-    pub tables: Arc<HashMap<String, Arc<TableHost>>>,
-    /// Set once every table's shards are claimed and replayed.
+    /// The served tables (empty while opening).
+    pub tables: Tables,
+    /// Set while the daemon serves: every table open, not stopping.
     pub ready: Arc<AtomicBool>,
     /// The Prometheus recorder's handle.
     pub metrics: Option<PrometheusHandle>,
@@ -65,10 +69,16 @@ async fn status(State(s): State<HttpState>, headers: HeaderMap) -> Response {
         return StatusCode::UNAUTHORIZED.into_response();
     }
     let mut tables = serde_json::Map::new();
-    for (name, t) in s.tables.iter() {
+    let opening = s.tables.get().is_none();
+    for (name, t) in s.tables.get().iter().flat_map(|t| t.iter()) {
         tables.insert(name.clone(), json!({ "shards": t.status().await }));
     }
-    Json(json!({ "ready": s.ready.load(Ordering::SeqCst), "tables": tables })).into_response()
+    Json(json!({
+        "ready": s.ready.load(Ordering::SeqCst),
+        "opening": opening,
+        "tables": tables,
+    }))
+    .into_response()
 }
 
 async fn metrics(State(s): State<HttpState>, headers: HeaderMap) -> Response {

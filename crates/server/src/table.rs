@@ -59,7 +59,13 @@ pub struct ShardStatus {
     pub memtable_bytes: Option<usize>,
     /// Last durable WAL position.
     pub wal_position: Option<u64>,
-    /// Why the shard is no longer served.
+    /// `compacted_sstables` of the shard in the base table (0: none yet;
+    /// `None`: the base table could not be read).
+    pub compacted_generation: Option<u64>,
+    /// Published generations not yet compacted into the base table.
+    pub compaction_lag_generations: Option<u64>,
+    /// Why the shard is no longer served, the writer's terminal error, or
+    /// its last failed flush (retried).
     pub last_error: Option<String>,
 }
 
@@ -73,7 +79,59 @@ pub struct TableHost {
     /// `None` for an unsharded table (one shard, no routing).
     router: Option<(ShardRouter, ShardRouter)>,
     config: ShardWriterConfig,
+    /// The shards this daemon may claim (`None`: all of them).
+    owned: Option<Owned>,
     shards: tokio::sync::Mutex<HashMap<ShardKey, Slot>>,
+}
+
+/// A configured subset of a bucket-sharded table's shards.
+struct Owned {
+    keys: std::collections::BTreeSet<ShardKey>,
+    /// Bucket number of each key, for messages.
+    bucket: HashMap<ShardKey, u32>,
+}
+
+/// The shard keys of `buckets` under a one-field `bucket` spec.
+fn bucket_keys(spec: &memwal_proto::ShardingSpec, buckets: &[u32]) -> Result<Owned, String> {
+    let [field] = spec.fields.as_slice() else {
+        return Err(format!(
+            "a shard subset names buckets; this table's spec has {} fields",
+            spec.fields.len()
+        ));
+    };
+    if field.transform.as_deref() != Some("bucket") {
+        return Err(format!(
+            "a shard subset names buckets; this table is sharded by `{}`",
+            field.transform.as_deref().unwrap_or("an expression")
+        ));
+    }
+    let n: u32 = field
+        .parameters
+        .get("num_buckets")
+        .and_then(|n| n.parse().ok())
+        .ok_or("the bucket spec has no valid `num_buckets`")?;
+    let mut owned = Owned {
+        keys: Default::default(),
+        bucket: HashMap::new(),
+    };
+    for &b in buckets {
+        if b >= n {
+            return Err(format!("bucket {b} does not exist (the table has {n})"));
+        }
+        let key: ShardKey = [(field.field_id.clone(), (b as i32).to_le_bytes().to_vec())].into();
+        owned.keys.insert(key.clone());
+        owned.bucket.insert(key, b);
+    }
+    Ok(owned)
+}
+
+impl std::fmt::Debug for TableHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TableHost")
+            .field("name", &self.name)
+            .field("uri", &self.loc.uri)
+            .finish_non_exhaustive()
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -88,6 +146,20 @@ impl TableHost {
         name: &str,
         loc: StoreLocation,
         config: ShardWriterConfig,
+    ) -> Result<Self, ServerError> {
+        Self::open_buckets(name, loc, config, None).await
+    }
+
+    /// [`TableHost::open`], owning only the shards of `buckets` (a table
+    /// sharded by one `bucket` field; `None`: every shard). Shards of other
+    /// buckets are never claimed: rows routed to them are refused with
+    /// [`ServerError::ServedElsewhere`]. Several daemons split a table this
+    /// way; an overlap is safe (fencing), only wasteful.
+    pub async fn open_buckets(
+        name: &str,
+        loc: StoreLocation,
+        config: ShardWriterConfig,
+        buckets: Option<&[u32]>,
     ) -> Result<Self, ServerError> {
         let setup = |reason: String| ServerError::Setup {
             table: name.to_string(),
@@ -116,6 +188,10 @@ impl TableHost {
             .map(|(i, _)| i)
             .collect();
         let key_schema = Arc::new(schema.project(&keys).map_err(|e| setup(e.to_string()))?);
+        let owned = buckets
+            .map(|b| bucket_keys(&spec, b))
+            .transpose()
+            .map_err(setup)?;
         let router = ShardRouter::new(&spec, &schema).map_err(|e| setup(e.to_string()))?;
         let router = if router.constant_values().is_some() {
             None
@@ -132,6 +208,7 @@ impl TableHost {
             spec_id: spec.spec_id,
             router,
             config,
+            owned,
             shards: tokio::sync::Mutex::new(HashMap::new()),
         };
         host.open_existing().await?;
@@ -172,6 +249,10 @@ impl TableHost {
                 continue;
             }
             let key = self.key_of(identity.field_values);
+            if self.owned.as_ref().is_some_and(|o| !o.keys.contains(&key)) {
+                tracing::debug!(%shard, "shard outside this daemon's buckets; not claimed");
+                continue;
+            }
             if let Some(first) = found.get(&key) {
                 tracing::warn!(%shard, kept = %first, "a second shard with the same values; not served");
                 continue;
@@ -233,6 +314,24 @@ impl TableHost {
                 })
             }
             None => {}
+        }
+        if let Some(owned) = &self.owned {
+            if !owned.keys.contains(key) {
+                let bucket = key.values().next().map_or(0, |v| {
+                    i32::from_le_bytes(v.as_slice().try_into().unwrap_or_default())
+                });
+                return Err(ServerError::ServedElsewhere {
+                    table: self.name.clone(),
+                    shard: format!("of bucket {bucket}"),
+                    reason: format!(
+                        "this daemon owns buckets {:?} only",
+                        owned
+                            .bucket
+                            .values()
+                            .collect::<std::collections::BTreeSet<_>>()
+                    ),
+                });
+            }
         }
         let w = Arc::new(self.open_writer(ShardId::random(), key).await?);
         slots.insert(key.clone(), Slot::Live(w.clone()));
@@ -399,8 +498,21 @@ impl TableHost {
         first.map_or(Ok(()), Err)
     }
 
-    /// Every shard's state.
+    /// Every shard's state, with its compaction progress read from the base
+    /// table.
     pub async fn status(&self) -> Vec<ShardStatus> {
+        let lance = LanceStore::new(self.loc.store.clone());
+        let base = match BaseTable::load(&lance, &self.loc.root).await {
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::warn!(table = %self.name, error = %e, "status: base table unreadable");
+                None
+            }
+        };
+        let compacted = |shard: ShardId| {
+            base.as_ref()
+                .map(|b| b.compacted_generation(shard.uuid().as_bytes()).unwrap_or(0))
+        };
         let slots = self.shards.lock().await;
         let mut out: Vec<ShardStatus> = slots
             .iter()
@@ -410,6 +522,7 @@ impl TableHost {
                     Slot::Live(w) => {
                         let s = w.stats();
                         let m = w.manifest();
+                        let done = compacted(w.shard());
                         ShardStatus {
                             shard: w.shard().to_string(),
                             values,
@@ -421,7 +534,10 @@ impl TableHost {
                             unflushed_generations: Some(s.unpublished.len()),
                             memtable_bytes: Some(s.unflushed_bytes),
                             wal_position: Some(s.last_durable_position),
-                            last_error: None,
+                            compacted_generation: done,
+                            compaction_lag_generations: done
+                                .map(|d| s.published_generation.saturating_sub(d)),
+                            last_error: s.terminal.clone().or(s.last_flush_error.clone()),
                         }
                     }
                     Slot::Lost { shard, reason } => ShardStatus {
@@ -435,6 +551,8 @@ impl TableHost {
                         unflushed_generations: None,
                         memtable_bytes: None,
                         wal_position: None,
+                        compacted_generation: compacted(*shard),
+                        compaction_lag_generations: None,
                         last_error: Some(reason.clone()),
                     },
                 }

@@ -25,13 +25,8 @@ fn rows(ids: &[i64]) -> RecordBatch {
     .unwrap()
 }
 
-// Breaks if a batch whose shards are partly taken over is reported as a
-// plain failure (the client could not tell that other parts are durable),
-// maps to a code other than FAILED_PRECONDITION, or if the taken-over shard
-// keeps being served (its status must say lost, the others serving).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partly_taken_over_batch_reports_its_durable_parts() {
-    let dir = tempfile::tempdir().unwrap();
+/// A `bucket(id, 4)` table with `id` int64 key and `v` utf8.
+async fn bucket_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation {
     let path = dir.path().join("t").to_str().unwrap().to_string();
     let loc = memwal_store::open_store(&path).unwrap();
     let key = Field::new("id", DataType::Int64, false).with_metadata(
@@ -50,6 +45,161 @@ async fn a_partly_taken_over_batch_reports_its_durable_parts() {
         buckets: 4,
     };
     create_table(&loc, schema, &sharding).await.unwrap();
+    loc
+}
+
+fn durable_parts(e: &ServerError) -> usize {
+    match e {
+        ServerError::Partial { durable, source } => {
+            assert!(
+                matches!(**source, ServerError::ServedElsewhere { .. }),
+                "{e}"
+            );
+            durable.matches("rows at").count()
+        }
+        other => panic!("expected a partial failure, got {other}"),
+    }
+}
+
+// Breaks if a daemon owning a bucket subset claims (and so fences) a shard
+// of another daemon's buckets, at first use or when reopening, if rows of a
+// bucket it does not own are accepted or refused with a code other than
+// FAILED_PRECONDITION, or if the two halves do not together hold every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemons_owning_bucket_subsets_split_a_table_without_fencing_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let open = |b: &'static [u32]| {
+        TableHost::open_buckets("t", loc.clone(), ShardWriterConfig::default(), Some(b))
+    };
+    let a = open(&[0, 1]).await.unwrap();
+    let b = open(&[2, 3]).await.unwrap();
+    let ids: Vec<i64> = (0..40).collect();
+    let e = a.write(&rows(&ids), false).await.unwrap_err();
+    assert_eq!(durable_parts(&e), 2, "{e}");
+    assert_eq!(
+        tonic::Status::from(e).code(),
+        tonic::Code::FailedPrecondition
+    );
+    assert_eq!(
+        durable_parts(&b.write(&rows(&ids), false).await.unwrap_err()),
+        2
+    );
+    // Reopening A must claim only its own two shards: B keeps writing.
+    a.close().await.unwrap();
+    let a = open(&[0, 1]).await.unwrap();
+    assert_eq!(a.status().await.len(), 2);
+    assert_eq!(
+        durable_parts(&b.write(&rows(&ids), false).await.unwrap_err()),
+        2
+    );
+    assert_eq!(
+        durable_parts(&a.write(&rows(&ids), false).await.unwrap_err()),
+        2
+    );
+    for s in a.status().await.iter().chain(b.status().await.iter()) {
+        assert_eq!(s.state, "serving", "{s:?}");
+    }
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    // A subset of a table not sharded by one bucket field, or a bucket
+    // that does not exist, is refused at open.
+    assert!(open(&[4])
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("bucket 4"));
+
+    // Every row is in exactly one half: a full host sees four shards, and
+    // after compaction the base holds all 40 rows.
+    let all = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(all.status().await.len(), 4);
+    all.close().await.unwrap();
+    let compactor =
+        memwal_compactor::Compactor::new(loc.clone(), memwal_compactor::CompactorConfig::default());
+    for r in compactor.run_once().await.unwrap() {
+        r.unwrap();
+    }
+    let lance = memwal_sstable::LanceStore::new(loc.store.clone());
+    let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance.uri(&loc.root))
+        .with_session(lance.session().clone())
+        .load()
+        .await
+        .unwrap();
+    assert_eq!(ds.count_rows(None).await.unwrap(), 40);
+}
+
+// Breaks if /readyz says ready (or /status hides that tables are still
+// opening) before every table is open, or stays unready after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_unavailable_until_every_table_is_open() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let state = memwal_server::http::HttpState {
+        tables: Default::default(),
+        ready: Arc::new(AtomicBool::new(false)),
+        metrics: None,
+        token: None,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = memwal_server::http::router(state.clone());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let get = |path: &'static str| async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).await.unwrap();
+        let code: u16 = reply.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = reply.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+        (code, body)
+    };
+    assert_eq!(get("/healthz").await.0, 200);
+    assert_eq!(get("/readyz").await.0, 503);
+    let (code, body) = get("/status").await;
+    assert_eq!(code, 200);
+    assert!(body.contains("\"opening\":true"), "{body}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = TableHost::open("t", loc, ShardWriterConfig::default())
+        .await
+        .unwrap();
+    host.write(&rows(&[1, 2, 3]), false).await.unwrap();
+    host.flush().await.unwrap();
+    let tables: std::collections::HashMap<_, _> =
+        [("t".to_string(), Arc::new(host))].into_iter().collect();
+    assert!(state.tables.set(Arc::new(tables)).is_ok());
+    state.ready.store(true, Ordering::SeqCst);
+    assert_eq!(get("/readyz").await.0, 200);
+    let (_, body) = get("/status").await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["opening"], false, "{v}");
+    let shards = v["tables"]["t"]["shards"].as_array().unwrap();
+    assert!(!shards.is_empty(), "{v}");
+    for s in shards {
+        assert_eq!(s["compacted_generation"], 0, "{s}");
+        assert_eq!(s["published_generation"], 1, "{s}");
+        assert_eq!(s["compaction_lag_generations"], 1, "{s}");
+    }
+    server.abort();
+    state.tables.get().unwrap()["t"].close().await.unwrap();
+}
+
+// Breaks if a batch whose shards are partly taken over is reported as a
+// plain failure (the client could not tell that other parts are durable),
+// maps to a code other than FAILED_PRECONDITION, or if the taken-over shard
+// keeps being served (its status must say lost, the others serving).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partly_taken_over_batch_reports_its_durable_parts() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
     let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
         .await
         .unwrap();
