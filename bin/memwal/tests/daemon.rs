@@ -149,6 +149,11 @@ fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
 
 /// The status code of `GET path` (HTTP/1.1, one request per connection).
 fn http_get(addr: &str, path: &str, token: Option<&str>) -> u16 {
+    http_fetch(addr, path, token).0
+}
+
+/// The status code and body of `GET path`.
+fn http_fetch(addr: &str, path: &str, token: Option<&str>) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect to the HTTP port");
     let auth = token
@@ -161,11 +166,16 @@ fn http_get(addr: &str, path: &str, token: Option<&str>) -> u16 {
     .unwrap();
     let mut reply = String::new();
     s.read_to_string(&mut reply).unwrap();
-    reply
+    let code = reply
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP reply: {reply:?}"))
+        .unwrap_or_else(|| panic!("not an HTTP reply: {reply:?}"));
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (code, body)
 }
 
 async fn base_rows(table: &str) -> BTreeMap<i64, String> {
@@ -263,7 +273,15 @@ async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
     assert_eq!(http_get(&d.http, "/healthz", None), 200);
     assert_eq!(http_get(&d.http, "/status", None), 401);
     assert_eq!(http_get(&d.http, "/status", Some("s3cret")), 200);
-    assert_eq!(http_get(&d.http, "/metrics", Some("s3cret")), 200);
+    let (code, metrics) = http_fetch(&d.http, "/metrics", Some("s3cret"));
+    assert_eq!(code, 200);
+    // Per-shard series: each of the four shards has its own put counter.
+    let shards: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("memwal_writer_puts_total{"))
+        .filter_map(|l| l.split("shard=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(shards.len(), 4, "{metrics}");
     assert_eq!(http_get(&d.http, "/readyz", Some("s3cret")), 200);
 
     assert!(d.stop().success(), "SIGTERM drains and exits 0");

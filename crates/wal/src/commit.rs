@@ -26,6 +26,29 @@ pub(crate) struct CommitTask {
     next: u64,
     /// Generation of the appends at the head of the queue.
     generation: u64,
+    meters: Meters,
+}
+
+/// The appender's metric handles, labelled with its shard.
+struct Meters {
+    put_seconds: metrics::Histogram,
+    entries: metrics::Counter,
+    bytes: metrics::Counter,
+    appends: metrics::Counter,
+    appends_per_entry: metrics::Histogram,
+}
+
+impl Meters {
+    fn new(shard: String) -> Self {
+        let l = [("shard", shard)];
+        Self {
+            put_seconds: metrics::histogram!("memwal_wal_put_seconds", &l),
+            entries: metrics::counter!("memwal_wal_entries_total", &l),
+            bytes: metrics::counter!("memwal_wal_bytes_total", &l),
+            appends: metrics::counter!("memwal_wal_appends_total", &l),
+            appends_per_entry: metrics::histogram!("memwal_wal_appends_per_entry", &l),
+        }
+    }
 }
 
 /// Whatever happens to the task (normal end, abort, panic), appends still
@@ -97,6 +120,7 @@ impl CommitTask {
         first_position: u64,
         generation: u64,
     ) -> Self {
+        let meters = Meters::new(manifests.layout().shard().to_string());
         Self {
             shared,
             loc,
@@ -104,6 +128,7 @@ impl CommitTask {
             config,
             next: first_position,
             generation,
+            meters,
         }
     }
 
@@ -197,15 +222,17 @@ impl CommitTask {
         );
         let started = Instant::now();
         let result = self.put(&mut inflight, bytes).instrument(span).await;
-        metrics::histogram!("memwal_wal_put_seconds").record(started.elapsed().as_secs_f64());
+        self.meters
+            .put_seconds
+            .record(started.elapsed().as_secs_f64());
         match result {
             Ok(position) => {
                 self.shared.durable.store(position, Ordering::SeqCst);
                 inflight.ack(generation);
-                metrics::counter!("memwal_wal_entries_total").increment(1);
-                metrics::counter!("memwal_wal_bytes_total").increment(len as u64);
-                metrics::counter!("memwal_wal_appends_total").increment(appends as u64);
-                metrics::histogram!("memwal_wal_appends_per_entry").record(appends as f64);
+                self.meters.entries.increment(1);
+                self.meters.bytes.increment(len as u64);
+                self.meters.appends.increment(appends as u64);
+                self.meters.appends_per_entry.record(appends as f64);
                 // The entry is durable; only what follows it needs a position.
                 match self.position_after(position) {
                     Ok(next) => {

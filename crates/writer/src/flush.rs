@@ -14,7 +14,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::stats::names;
 use crate::writer::Inner;
 use crate::{Error, Result};
 
@@ -40,6 +39,8 @@ pub(crate) struct FlushCtx {
     /// progress (SSTables it holds are dropped from the manifest).
     pub base: Arc<LanceStore>,
     pub base_root: object_store::path::Path,
+    /// The shard's metric handles.
+    pub meters: Arc<crate::stats::Meters>,
 }
 
 impl FlushCtx {
@@ -166,7 +167,7 @@ async fn after_failure(inner: &Inner, err: Error, attempt: u32) -> Result<()> {
     if !retryable(&err) {
         return Err(err);
     }
-    metrics::counter!(names::FLUSH_ERRORS).increment(1);
+    inner.ctx.meters.flush_errors.increment(1);
     tracing::warn!(shard = %inner.shard, error = %err, attempt, "flush attempt failed");
     inner.state.lock().last_flush_error = Some(err.to_string());
     inner.bump_progress();
@@ -316,7 +317,10 @@ async fn publish_in_order(
                 let frozen = st.frozen.pop_front();
                 debug_assert_eq!(frozen.as_ref().map(|f| f.generation), Some(generation));
                 if let Some(f) = frozen {
-                    metrics::histogram!(names::FLUSH_SECONDS)
+                    inner
+                        .ctx
+                        .meters
+                        .flush_seconds
                         .record(f.frozen_at.elapsed().as_secs_f64());
                 }
                 st.published_generation = st.published_generation.max(generation);
@@ -324,7 +328,7 @@ async fn publish_in_order(
                 inner.record_unflushed(&st);
                 drop(st);
                 inner.publishes.fetch_add(1, Ordering::Relaxed);
-                metrics::counter!(names::PUBLISHES).increment(1);
+                inner.ctx.meters.publishes.increment(1);
                 tracing::info!(shard = %inner.shard, generation, last_position, sstable = %written.dir_name, "generation published");
                 inner.bump_progress();
                 return Ok(());

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use memwal_memtable::MemTable;
 use tracing::Instrument;
 
-use crate::stats::names;
 use crate::writer::{Frozen, Inner, State};
 use crate::{Error, Result};
 
@@ -57,7 +56,7 @@ pub(crate) fn freeze_locked(
         frozen_at: Instant::now(),
         job: handle.abort_handle(),
     });
-    metrics::counter!(names::FREEZES, "reason" => reason).increment(1);
+    inner.ctx.meters.freeze(reason);
     tracing::debug!(generation, bytes, reason, "memtable frozen");
     match &st.jobs {
         Some(tx) if tx.send(crate::flush::Job { generation, handle }).is_ok() => Ok(()),

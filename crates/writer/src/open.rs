@@ -22,7 +22,6 @@ use tracing::Instrument;
 use crate::config::ShardWriterConfig;
 use crate::flush::FlushCtx;
 use crate::resolve::{resolve_sharding, ResolvedSharding};
-use crate::stats::names;
 use crate::writer::{Inner, ShardWriter, State};
 use crate::{Error, Result};
 
@@ -122,7 +121,8 @@ async fn open_inner(
         .await
         .map_err(|e| Error::from_fencing(e, "claiming the shard"))?;
     let epoch = claim.epoch;
-    metrics::gauge!(names::EPOCH).set(epoch as f64);
+    let meters = Arc::new(crate::stats::Meters::new(&shard));
+    meters.epoch.set(epoch as f64);
     let sentinel = write_fence_sentinel(&manifests, epoch, &claim.manifest)
         .await
         .map_err(|e| Error::from_wal(e, "writing the fence sentinel"))?;
@@ -137,6 +137,7 @@ async fn open_inner(
         schema: schema.clone(),
         base: Arc::new(lance),
         base_root: loc.root.clone(),
+        meters,
     };
 
     // 3. Replay.
@@ -342,6 +343,6 @@ async fn publish_replayed(
         sstable = %written.dir_name,
         "replayed generation published"
     );
-    metrics::counter!(names::PUBLISHES).increment(1);
+    ctx.meters.publishes.increment(1);
     Ok(m)
 }

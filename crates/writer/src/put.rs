@@ -13,7 +13,6 @@ use memwal_memtable::batch_payload_bytes;
 use memwal_wal::{AppendTicket, WalError};
 use tracing::Instrument;
 
-use crate::stats::names;
 use crate::writer::{Inner, State};
 use crate::{Error, Result};
 
@@ -53,11 +52,11 @@ impl Future for PutHandle {
                 let inner = &self.inner;
                 inner.puts.fetch_add(1, Ordering::Relaxed);
                 inner.rows.fetch_add(self.rows as u64, Ordering::Relaxed);
-                metrics::counter!(names::PUTS).increment(1);
-                metrics::counter!(names::ROWS).increment(self.rows as u64);
-                metrics::counter!(names::BYTES).increment(self.bytes as u64);
-                metrics::histogram!(names::PUT_SECONDS)
-                    .record(self.started.elapsed().as_secs_f64());
+                let m = &inner.ctx.meters;
+                m.puts.increment(1);
+                m.rows.increment(self.rows as u64);
+                m.bytes.increment(self.bytes as u64);
+                m.put_seconds.record(self.started.elapsed().as_secs_f64());
                 Ok(ack.position)
             }
             Err(e) => {
@@ -152,7 +151,7 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
                 Ok(Ok(())) => continue,
                 Ok(Err(_)) => return Err(Error::closed("the writer is gone")),
                 Err(_) => {
-                    metrics::counter!(names::BACKPRESSURE_TIMEOUTS).increment(1);
+                    inner.ctx.meters.backpressure_timeouts.increment(1);
                     return Err(crate::backpressure::error(inner));
                 }
             }

@@ -1,6 +1,7 @@
 //! A point-in-time view of a writer, and the metrics it records.
 
 /// Metric names (the `metrics` facade; install any recorder to export them).
+/// Every series carries the label `shard` (the shard id).
 pub mod names {
     /// Counter: put/delete calls acknowledged.
     pub const PUTS: &str = "memwal_writer_puts_total";
@@ -22,12 +23,66 @@ pub mod names {
     pub const BACKPRESSURE_WAITS: &str = "memwal_writer_backpressure_waits_total";
     /// Counter: puts that gave up waiting ([`crate::Error::Backpressure`]).
     pub const BACKPRESSURE_TIMEOUTS: &str = "memwal_writer_backpressure_timeouts_total";
-    /// Gauge: the epoch of the most recently opened writer.
+    /// Gauge: the epoch the shard's writer holds.
     pub const EPOCH: &str = "memwal_writer_epoch";
     /// Counter: writers that found themselves fenced (or sealed).
     pub const FENCED: &str = "memwal_writer_fenced_total";
     /// Counter: memtables frozen, by reason.
     pub const FREEZES: &str = "memwal_writer_freezes_total";
+}
+
+/// The writer's metric handles, every one labelled `shard` (its id), so a
+/// process serving many shards exports each shard's own series.
+pub(crate) struct Meters {
+    shard: String,
+    pub puts: metrics::Counter,
+    pub rows: metrics::Counter,
+    pub bytes: metrics::Counter,
+    pub put_seconds: metrics::Histogram,
+    pub flush_seconds: metrics::Histogram,
+    pub flush_errors: metrics::Counter,
+    pub publishes: metrics::Counter,
+    pub unflushed_bytes: metrics::Gauge,
+    pub backpressure_waits: metrics::Counter,
+    pub backpressure_timeouts: metrics::Counter,
+    pub epoch: metrics::Gauge,
+    pub fenced: metrics::Counter,
+}
+
+impl std::fmt::Debug for Meters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meters")
+            .field("shard", &self.shard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Meters {
+    pub(crate) fn new(shard: &memwal_fencing::ShardId) -> Self {
+        let shard = shard.to_string();
+        let l = || [("shard", shard.clone())];
+        Self {
+            puts: metrics::counter!(names::PUTS, &l()),
+            rows: metrics::counter!(names::ROWS, &l()),
+            bytes: metrics::counter!(names::BYTES, &l()),
+            put_seconds: metrics::histogram!(names::PUT_SECONDS, &l()),
+            flush_seconds: metrics::histogram!(names::FLUSH_SECONDS, &l()),
+            flush_errors: metrics::counter!(names::FLUSH_ERRORS, &l()),
+            publishes: metrics::counter!(names::PUBLISHES, &l()),
+            unflushed_bytes: metrics::gauge!(names::UNFLUSHED_BYTES, &l()),
+            backpressure_waits: metrics::counter!(names::BACKPRESSURE_WAITS, &l()),
+            backpressure_timeouts: metrics::counter!(names::BACKPRESSURE_TIMEOUTS, &l()),
+            epoch: metrics::gauge!(names::EPOCH, &l()),
+            fenced: metrics::counter!(names::FENCED, &l()),
+            shard,
+        }
+    }
+
+    /// Counts a freeze for `reason`.
+    pub(crate) fn freeze(&self, reason: &'static str) {
+        metrics::counter!(names::FREEZES, "shard" => self.shard.clone(), "reason" => reason)
+            .increment(1);
+    }
 }
 
 /// A snapshot of a writer's state ([`crate::ShardWriter::stats`]).

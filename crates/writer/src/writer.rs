@@ -18,7 +18,7 @@ use crate::config::ShardWriterConfig;
 use crate::flush::FlushCtx;
 use crate::open::TableLocation;
 use crate::put::PutHandle;
-use crate::stats::{names, WriterStats};
+use crate::stats::WriterStats;
 use crate::{Error, Result};
 
 /// A frozen generation waiting to be published.
@@ -104,7 +104,7 @@ impl Inner {
     pub(crate) fn fail_locked(&self, st: &mut State, err: Error) {
         if st.terminal.is_none() {
             if err.is_fenced() {
-                metrics::counter!(names::FENCED).increment(1);
+                self.ctx.meters.fenced.increment(1);
                 tracing::warn!(shard = %self.shard, epoch = self.epoch, error = %err, "shard writer fenced");
             } else if !matches!(err, Error::Closed { .. }) {
                 tracing::error!(shard = %self.shard, epoch = self.epoch, error = %err, "shard writer failed");
@@ -131,7 +131,10 @@ impl Inner {
     }
 
     pub(crate) fn record_unflushed(&self, st: &State) {
-        metrics::gauge!(names::UNFLUSHED_BYTES).set(st.unflushed_bytes() as f64);
+        self.ctx
+            .meters
+            .unflushed_bytes
+            .set(st.unflushed_bytes() as f64);
     }
 
     /// Stops every background task without waiting (abort / drop).
