@@ -36,17 +36,36 @@ enum Command {
     /// latencies.
     Load(load::LoadArgs),
     /// Create a base table with the MemWAL index (e.g. `memwal init ./data/t
-    /// --column id:int64:key --column v:utf8 --sharding 'bucket(id, 4)'`).
+    /// --column id:int64:key --column v:utf8 --bucket id:4`, or `memwal init
+    /// ./data/t --schema schema.arrows --primary-key id --bucket id:4`).
     Init {
         /// Table URI: a local directory, file://, memory:// or s3://bucket/prefix.
         uri: String,
         /// A column as NAME:TYPE or NAME:TYPE:key (key columns form the
         /// primary key, in order; none: an append-only table).
-        #[arg(long = "column", required = true)]
+        #[arg(
+            long = "column",
+            required_unless_present = "schema",
+            conflicts_with = "schema"
+        )]
         columns: Vec<String>,
+        /// The schema as an Arrow IPC stream or file (any Arrow types; e.g.
+        /// pyarrow: `pa.ipc.new_stream(open("s.arrows", "wb"), schema).close()`).
+        #[arg(long)]
+        schema: Option<std::path::PathBuf>,
+        /// Primary-key columns of --schema, in order (comma-separated);
+        /// without it, keys the schema's own metadata marks, else none.
+        #[arg(long = "primary-key", requires = "schema", value_delimiter = ',')]
+        primary_key: Vec<String>,
         /// unsharded, bucket(COLUMN, N) or identity(COLUMN).
-        #[arg(long, default_value = "unsharded")]
-        sharding: String,
+        #[arg(long, conflicts_with_all = ["bucket", "identity"])]
+        sharding: Option<String>,
+        /// Shorthand for --sharding 'bucket(COLUMN, N)'.
+        #[arg(long, value_name = "COLUMN:N", conflicts_with = "identity")]
+        bucket: Option<String>,
+        /// Shorthand for --sharding 'identity(COLUMN)'.
+        #[arg(long, value_name = "COLUMN")]
+        identity: Option<String>,
     },
     /// Per shard: epoch, manifest version, generations, WAL positions,
     /// SSTables and compaction progress.
@@ -173,8 +192,29 @@ async fn run(cli: Cli) -> Result<String, String> {
         Command::Init {
             uri,
             columns,
+            schema,
+            primary_key,
             sharding,
-        } => return table::init(&uri, &columns, &sharding).await,
+            bucket,
+            identity,
+        } => {
+            let schema = match schema {
+                Some(path) => table::read_schema(&path, &primary_key)?,
+                None => table::parse_schema(&columns)?,
+            };
+            let sharding = match (sharding, bucket, identity) {
+                (Some(s), _, _) => s,
+                (None, Some(b), _) => {
+                    let (col, n) = b
+                        .rsplit_once(':')
+                        .ok_or_else(|| format!("--bucket `{b}`: expected COLUMN:N"))?;
+                    format!("bucket({col}, {n})")
+                }
+                (None, None, Some(col)) => format!("identity({col})"),
+                (None, None, None) => "unsharded".to_string(),
+            };
+            return table::init(&uri, schema, &sharding).await;
+        }
         Command::Compact { uri } => return table::compact(&uri).await,
         Command::Status { uri, json } => return table::status(&uri, json).await,
         Command::Serve(args) => return serve::serve(args).await,

@@ -83,9 +83,61 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("`{s}`: {e}"))
 }
 
+/// Reads a schema from an Arrow IPC stream or file at `path`; `keys` (in
+/// order) become the primary key, non-nullable. Without `keys`, columns the
+/// schema itself marks as primary key stay keys.
+pub fn read_schema(path: &std::path::Path, keys: &[String]) -> Result<Arc<Schema>, String> {
+    let what = || format!("--schema {}", path.display());
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", what()))?;
+    let schema = if bytes.starts_with(b"ARROW1") {
+        arrow_ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)
+            .map(|r| r.schema())
+    } else {
+        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+            .map(|r| r.schema())
+    }
+    .map_err(|e| format!("{}: not an Arrow IPC stream or file: {e}", what()))?;
+    if schema.fields().is_empty() {
+        return Err(format!("{}: the schema has no columns", what()));
+    }
+    if keys.is_empty() {
+        return Ok(schema);
+    }
+    const KEY: &str = "lance-schema:unenforced-primary-key";
+    for k in keys {
+        if schema.field_with_name(k).is_err() {
+            return Err(format!("--primary-key `{k}`: no such column in {}", what()));
+        }
+        if keys.iter().filter(|o| *o == k).count() > 1 {
+            return Err(format!("--primary-key `{k}` is given twice"));
+        }
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut meta = f.metadata().clone();
+            meta.remove(KEY);
+            meta.remove(&format!("{KEY}:position"));
+            let f = f.as_ref().clone();
+            match keys.iter().position(|k| k == f.name()) {
+                Some(i) => {
+                    meta.insert(KEY.to_string(), "true".to_string());
+                    meta.insert(format!("{KEY}:position"), (i + 1).to_string());
+                    f.with_nullable(false).with_metadata(meta)
+                }
+                None => f.with_metadata(meta),
+            }
+        })
+        .collect();
+    Ok(Arc::new(Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    )))
+}
+
 /// `memwal init`.
-pub async fn init(uri: &str, columns: &[String], sharding: &str) -> Result<String, String> {
-    let schema = parse_schema(columns)?;
+pub async fn init(uri: &str, schema: Arc<Schema>, sharding: &str) -> Result<String, String> {
     let sharding: TableSharding = sharding.parse()?;
     let loc = open_store(uri).map_err(|e| e.to_string())?;
     let table = create_table(&loc, schema, &sharding)

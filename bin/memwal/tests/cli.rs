@@ -85,3 +85,95 @@ fn init_compact_and_gc_on_a_local_table() {
     let (ok, _, err) = memwal(&["compact", dir.path().to_str().unwrap()]);
     assert!(!ok && err.contains("no Lance table"), "{err}");
 }
+
+// Breaks if `init --schema FILE` loses a column or type of the Arrow IPC
+// schema (stream or file form), ignores --primary-key (key, order,
+// non-nullable) or the --bucket shorthand, or accepts a key that is not a
+// column or a file that is not Arrow IPC.
+#[test]
+fn init_from_an_arrow_schema_file() {
+    use arrow_schema::{DataType, Field, Schema, TimeUnit};
+    let dir = tempfile::tempdir().unwrap();
+    let schema = Schema::new(vec![
+        Field::new("tenant", DataType::Utf8, true),
+        Field::new("id", DataType::Int64, true),
+        Field::new(
+            "at",
+            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+            true,
+        ),
+        Field::new(
+            "tags",
+            DataType::List(std::sync::Arc::new(Field::new(
+                "item",
+                DataType::Utf8,
+                true,
+            ))),
+            true,
+        ),
+    ]);
+    let stream = dir.path().join("s.arrows");
+    let mut w =
+        arrow_ipc::writer::StreamWriter::try_new(std::fs::File::create(&stream).unwrap(), &schema)
+            .unwrap();
+    w.finish().unwrap();
+    let file = dir.path().join("s.arrow");
+    let mut w =
+        arrow_ipc::writer::FileWriter::try_new(std::fs::File::create(&file).unwrap(), &schema)
+            .unwrap();
+    w.finish().unwrap();
+    for (n, path) in [&stream, &file].into_iter().enumerate() {
+        let table = dir.path().join(format!("t{n}"));
+        let table = table.to_str().unwrap();
+        let (ok, out, err) = memwal(&[
+            "init",
+            table,
+            "--schema",
+            path.to_str().unwrap(),
+            "--primary-key",
+            "id,tenant",
+            "--bucket",
+            "id:4",
+        ]);
+        assert!(ok, "{err}");
+        assert!(
+            out.contains("primary key: tenant, id") || out.contains("primary key: id, tenant"),
+            "{out}"
+        );
+        assert!(out.contains("Bucket"), "{out}");
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let ds = rt.block_on(lance::Dataset::open(table)).unwrap();
+        let got = arrow_schema::Schema::from(ds.schema());
+        assert_eq!(got.fields().len(), 4);
+        for (g, want) in got.fields().iter().zip(schema.fields()) {
+            assert_eq!(g.name(), want.name());
+            assert_eq!(g.data_type(), want.data_type(), "{}", g.name());
+        }
+        let pk: Vec<&str> = ds
+            .schema()
+            .unenforced_primary_key()
+            .iter()
+            .map(|f| f.name.as_str())
+            .collect();
+        assert_eq!(pk, ["id", "tenant"], "key order follows --primary-key");
+        assert!(!got.field_with_name("id").unwrap().is_nullable());
+    }
+    let (ok, _, err) = memwal(&[
+        "init",
+        dir.path().join("bad").to_str().unwrap(),
+        "--schema",
+        stream.to_str().unwrap(),
+        "--primary-key",
+        "nope",
+    ]);
+    assert!(!ok && err.contains("`nope`"), "{err}");
+    let junk = dir.path().join("junk");
+    std::fs::write(&junk, b"{\"not\": \"arrow\"}").unwrap();
+    let (ok, _, err) = memwal(&[
+        "init",
+        dir.path().join("bad2").to_str().unwrap(),
+        "--schema",
+        junk.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("not an Arrow IPC"), "{err}");
+}
