@@ -5,6 +5,7 @@
 //! binary as well.
 
 mod config;
+mod inspect;
 mod load;
 mod serve;
 mod table;
@@ -73,6 +74,19 @@ enum Command {
         /// Table URI.
         uri: String,
         /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One table's shards in depth: manifest and stored versions, the WAL
+    /// (entries, bytes, the newest ones decoded), SSTables and their
+    /// compaction state. Read-only.
+    Inspect {
+        /// Table URI.
+        uri: String,
+        /// Only this shard (its UUID).
+        #[arg(long)]
+        shard: Option<String>,
+        /// Print JSON instead of tables.
         #[arg(long)]
         json: bool,
     },
@@ -217,6 +231,9 @@ async fn run(cli: Cli) -> Result<String, String> {
         }
         Command::Compact { uri } => return table::compact(&uri).await,
         Command::Status { uri, json } => return table::status(&uri, json).await,
+        Command::Inspect { uri, shard, json } => {
+            return inspect::inspect(&uri, shard.as_deref(), json).await
+        }
         Command::Serve(args) => return serve::serve(args).await,
         Command::Load(args) => return load::load(args).await,
         Command::Gc {

@@ -251,41 +251,12 @@ pub async fn status(uri: &str, json: bool) -> Result<String, String> {
         "compacted",
         "lag",
     ];
-    let cell = |r: &serde_json::Value, c: &str| match &r[c] {
-        serde_json::Value::String(s) => s.clone(),
-        v => v.to_string(),
-    };
-    let widths: Vec<usize> = cols
-        .iter()
-        .map(|c| {
-            rows.iter()
-                .map(|r| cell(r, c).len())
-                .chain([c.len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let line = |cells: Vec<String>| {
-        cells
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
     let mut out = format!(
         "table {uri}: base version {}, {} shards\n",
         view.base.version().version,
         rows.len()
     );
-    out.push_str(&line(cols.iter().map(|c| c.to_string()).collect()));
-    out.push('\n');
-    for r in &rows {
-        out.push_str(&line(cols.iter().map(|c| cell(r, c)).collect()));
-        out.push('\n');
-    }
+    out.push_str(&crate::inspect::aligned(&cols, &rows));
     Ok(out)
 }
 

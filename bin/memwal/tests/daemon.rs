@@ -309,6 +309,44 @@ async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
         "four shards, no more after the restart: {out}"
     );
     assert_eq!(base_rows(&table).await, model);
+
+    // `inspect` reports what is stored: per shard two epochs (two daemon
+    // starts), every WAL entry, SSTables compacted through the recorded
+    // generation; `--shard` narrows to one, an unknown shard is refused.
+    let (ok, out, err) = memwal(&["inspect", &table, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let shards = v["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), 4, "{v}");
+    for s in shards {
+        assert_eq!(s["manifest"]["epoch"], 2, "{s}");
+        let wal = &s["wal"];
+        assert!(wal["entries"].as_u64().unwrap() >= 3, "{s}");
+        let tail = wal["tail"].as_array().unwrap();
+        assert!(
+            tail.iter()
+                .any(|e| e["kind"] == "sentinel" && e["epoch"] == 2),
+            "{s}"
+        );
+        let done = s["compacted_generation"].as_u64().unwrap();
+        assert!(done >= 1, "{s}");
+        for sst in s["sstables"].as_array().unwrap() {
+            let compacted = sst["generation"].as_u64().unwrap() <= done;
+            assert_eq!(sst["state"] == "compacted", compacted, "{s}");
+        }
+    }
+    let one = shards[0]["shard"].as_str().unwrap();
+    let (ok, out, err) = memwal(&["inspect", &table, "--shard", one]);
+    assert!(ok, "{err}");
+    assert_eq!(out.matches("\nshard ").count(), 1, "{out}");
+    assert!(out.contains(one) && out.contains("SSTables"), "{out}");
+    let (ok, _, err) = memwal(&[
+        "inspect",
+        &table,
+        "--shard",
+        "6f1c2a9e-4b7d-4f3a-9c1e-2d5b8a7e0f11",
+    ]);
+    assert!(!ok && err.contains("no shard"), "{err}");
 }
 
 /// The Python with the pinned clients (`MEMWAL_TEST_PYTHON`), or `None`
