@@ -10,6 +10,7 @@
 //! http = "127.0.0.1:9464"        # /healthz /readyz /status /metrics
 //! compactor = true
 //! compact_every_secs = 30
+//! drain_secs = 10                # after SIGTERM, in-flight calls get this long
 //! token = "…"                    # require `authorization: Bearer …`
 //! [tables]                       # NAME = URI; replaces the demo table
 //! orders = "s3://bucket/orders"
@@ -18,7 +19,7 @@
 //! ```
 //!
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
-//! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_COMPACT_EVERY_SECS`,
+//! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_COMPACT_EVERY_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
@@ -48,6 +49,8 @@ pub struct ServeConfig {
     pub compactor: bool,
     /// Seconds between compaction cycles.
     pub compact_every_secs: u64,
+    /// Seconds in-flight Flight calls may run on after SIGTERM.
+    pub drain_secs: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
 }
@@ -62,6 +65,7 @@ impl Default for ServeConfig {
             http: "127.0.0.1:9464".parse().expect("static address"),
             compactor: true,
             compact_every_secs: 30,
+            drain_secs: 10,
             token: None,
         }
     }
@@ -94,6 +98,10 @@ pub struct ServeArgs {
     /// Seconds between compaction cycles [default: 30].
     #[arg(long)]
     pub compact_every_secs: Option<u64>,
+    /// Seconds in-flight calls may run on after SIGTERM before they are cut
+    /// and every shard closes [default: 10].
+    #[arg(long)]
+    pub drain_secs: Option<u64>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP.
     #[arg(long)]
     pub token: Option<String>,
@@ -145,6 +153,9 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.compact_every_secs {
         put("compact_every_secs", s.into());
     }
+    if let Some(s) = args.drain_secs {
+        put("drain_secs", s.into());
+    }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
@@ -170,6 +181,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "http",
             "compactor",
             "compact_every_secs",
+            "drain_secs",
             "token",
         ]))
         .extract()

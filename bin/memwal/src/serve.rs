@@ -58,6 +58,12 @@ async fn tables(args: &ServeConfig) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+/// The largest Flight message (one record batch) accepted. gRPC's default
+/// of 4 MiB would refuse ordinary puts from clients that send a batch as
+/// one message (pyarrow); larger puts than a shard's `memtable_max_bytes`
+/// (64 MiB by default) are refused by the writer with INVALID_ARGUMENT.
+const MAX_FLIGHT_MESSAGE_BYTES: usize = 256 << 20;
+
 /// Runs the daemon until SIGTERM/SIGINT, then drains and closes every
 /// shard; a second signal exits at once (the WAL keeps every acknowledged
 /// row).
@@ -143,7 +149,11 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     );
     let mut flight_stop = stop_rx.clone();
     let flight = tonic::transport::Server::builder()
-        .add_service(FlightServiceServer::new(service))
+        .add_service(
+            FlightServiceServer::new(service)
+                .max_decoding_message_size(MAX_FLIGHT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_FLIGHT_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(incoming),
             async move {
@@ -161,16 +171,26 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     });
     ready.store(false, Ordering::SeqCst);
     let _ = stop_tx.send(true);
-    let _ = flight_task.await;
+    // In-flight calls get `drain_secs` to finish; a client that keeps a
+    // stream open longer has it cut (batches not acknowledged by then were
+    // never acknowledged). Then every shard closes in parallel, each within
+    // the writer's `close_timeout` (60 s by default).
+    let drain = Duration::from_secs(args.drain_secs);
+    let mut flight_task = flight_task;
+    if tokio::time::timeout(drain, &mut flight_task).await.is_err() {
+        eprintln!("memwal: calls still open after {drain:?}; cutting them");
+        flight_task.abort();
+    }
     for c in compactors {
         c.stop().await;
     }
-    let mut failed = Vec::new();
-    for (name, host) in hosts.iter() {
-        if let Err(e) = host.close().await {
-            failed.push(format!("closing table `{name}`: {e}"));
-        }
-    }
+    let closes = futures::future::join_all(hosts.iter().map(|(name, host)| async move {
+        host.close()
+            .await
+            .map_err(|e| format!("closing table `{name}`: {e}"))
+    }))
+    .await;
+    let failed: Vec<String> = closes.into_iter().filter_map(Result::err).collect();
     let _ = http_task.await;
     if failed.is_empty() {
         Ok("memwal: stopped\n".into())

@@ -11,7 +11,7 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::{FlightClient, FlightDescriptor};
 use arrow_schema::{DataType, Field, Schema};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 fn memwal(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
@@ -367,12 +367,19 @@ fn test_python(test: &str) -> Option<String> {
     python
 }
 
+/// Runs a client script, killed after 120 s (coreutils `timeout`) so a
+/// client stuck on a refused stream fails the test instead of hanging it.
 fn run_python(python: &str, script: &str, args: &[&str]) -> String {
     let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python).arg(&path).args(args).output().unwrap();
+    let out = Command::new("timeout")
+        .args(["120", python, &path])
+        .args(args)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
-        "{script}: {}",
+        "{script} ({}): {}",
+        out.status,
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -465,26 +472,19 @@ async fn pyarrow_flight_client_writes_through_the_daemon() {
     ]);
     assert!(ok, "{err}");
     let d = Daemon::start(&table, &[]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/python/flight_put.py");
-    let out = Command::new(&python)
-        .args([script, &d.flight, "t"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let acks: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+    let out = run_python(&python, "flight_put.py", &[&d.flight, "t"]);
+    let acks: Vec<serde_json::Value> = out
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(acks.len(), 4, "{acks:?}");
+    assert_eq!(acks.len(), 5, "{acks:?}");
     for (n, ack) in acks[..3].iter().enumerate() {
         assert_eq!(ack["request_id"], format!("req-{n}"), "{ack}");
         assert_eq!(ack["batch"], n as u64 + 1, "{ack}");
     }
     assert_eq!(acks[3]["delete"], true);
+    assert_eq!(acks[4]["request_id"], "big");
+    assert_eq!(acks[4]["rows"], 8000, "one ack for the whole large batch");
     assert!(d.stop().success());
     let (ok, out, err) = memwal(&["compact", &table]);
     assert!(ok, "{out} {err}");
@@ -505,7 +505,12 @@ async fn pyarrow_flight_client_writes_through_the_daemon() {
         );
     }
     model.remove(&7);
-    assert_eq!(base_rows(&table).await, model);
+    let mut got = base_rows(&table).await;
+    let big: Vec<i64> = got.range(1000..).map(|(k, _)| *k).collect();
+    assert_eq!(big, (1000..9000).collect::<Vec<i64>>());
+    assert!(got[&1000].starts_with("big-1000-"));
+    got.retain(|k, _| *k < 1000);
+    assert_eq!(got, model);
 }
 
 // Breaks if a SIGKILLed daemon loses an acknowledged row (the restarted one
@@ -611,4 +616,46 @@ async fn memwal_load_writes_what_it_reports() {
     let base = base_rows(&table).await;
     assert_eq!(base.len(), 3000);
     assert!(base.keys().copied().eq(0..3000), "keys 0..3000");
+}
+
+// Breaks if SIGTERM waits forever for a client that keeps its DoPut stream
+// open (the daemon must cut it after --drain-secs and still close every
+// shard and exit 0), or if the batch acknowledged on that stream is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cuts_a_stream_left_open_and_keeps_its_acknowledged_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(&table, &["--drain-secs", "1"]);
+    let mut c = client(&d.flight, None).await;
+    let (tx, rx) = futures::channel::mpsc::unbounded::<RecordBatch>();
+    tx.unbounded_send(rows(&[1, 2, 3], "open")).unwrap();
+    let stream = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(FlightDescriptor::new_path(vec!["t".into()])))
+        .build(rx.map(Ok));
+    let mut acks = c.do_put(stream).await.unwrap();
+    let first = acks.try_next().await.unwrap().expect("one ack");
+    let ack: serde_json::Value = serde_json::from_slice(&first.app_metadata).unwrap();
+    assert_eq!(ack["rows"], 3, "{ack}");
+    // `tx` stays alive: the stream is open while the daemon stops.
+    let mut d = d;
+    let pid = d.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = tokio::time::timeout(
+        std::time::Duration::from_secs(90),
+        tokio::task::spawn_blocking(move || d.child.wait().unwrap()),
+    )
+    .await
+    .expect("the daemon exits despite the open stream")
+    .unwrap();
+    assert!(status.success(), "{status}");
+    drop(tx);
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out} {err}");
+    let got = base_rows(&table).await;
+    assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
 }

@@ -482,12 +482,15 @@ impl TableHost {
             .collect()
     }
 
-    /// Closes every served shard (flush, publish, stop), reporting the
-    /// first failure after trying all.
+    /// Closes every served shard at once (flush, publish, stop), each
+    /// bounded by the writer's `close_timeout`, reporting the first failure
+    /// after trying all. Rows a failed close could not flush stay in the WAL.
     pub async fn close(&self) -> Result<(), ServerError> {
+        let live = self.live().await;
+        let results = futures::future::join_all(live.iter().map(|w| w.close())).await;
         let mut first = None;
-        for w in self.live().await {
-            if let Err(source) = w.close().await {
+        for (w, r) in live.iter().zip(results) {
+            if let Err(source) = r {
                 first.get_or_insert(ServerError::Writer {
                     table: self.name.clone(),
                     shard: w.shard().to_string(),
