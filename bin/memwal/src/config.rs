@@ -12,6 +12,8 @@
 //! compact_every_secs = 30
 //! drain_secs = 10                # after SIGTERM, in-flight calls get this long
 //! token = "…"                    # require `authorization: Bearer …`
+//! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
+//! tls_key = "server.key"         #   and private key; both or neither)
 //! [tables]                       # NAME = URI; replaces the demo table
 //! orders = "s3://bucket/orders"
 //! [shards]                       # NAME = buckets this daemon owns (default: all)
@@ -20,7 +22,7 @@
 //!
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_COMPACT_EVERY_SECS`, `MEMWAL_DRAIN_SECS`,
-//! `MEMWAL_TOKEN`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
+//! `MEMWAL_TOKEN`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
 use std::collections::BTreeMap;
@@ -53,6 +55,10 @@ pub struct ServeConfig {
     pub drain_secs: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
+    /// PEM certificate chain: Flight is served over TLS.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
@@ -67,6 +73,8 @@ impl Default for ServeConfig {
             compact_every_secs: 30,
             drain_secs: 10,
             token: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -105,6 +113,12 @@ pub struct ServeArgs {
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP.
     #[arg(long)]
     pub token: Option<String>,
+    /// Serve Flight over TLS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// A TOML settings file (see the keys in `memwal serve --help` docs).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -159,6 +173,11 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
+    for (k, v) in [("tls_cert", &args.tls_cert), ("tls_key", &args.tls_key)] {
+        if let Some(p) = v {
+            put(k, p.to_string_lossy().into_owned().into());
+        }
+    }
     Ok(m)
 }
 
@@ -183,6 +202,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "compact_every_secs",
             "drain_secs",
             "token",
+            "tls_cert",
+            "tls_key",
         ]))
         .extract()
         .map_err(|e| format!("settings: {e}"))?;
@@ -190,6 +211,9 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
         return Err(
             "give a data directory (memwal serve ./data) or tables (--table NAME=URI)".into(),
         );
+    }
+    if config.tls_cert.is_some() != config.tls_key.is_some() {
+        return Err("TLS needs both tls_cert and tls_key (or neither)".into());
     }
     for (table, list) in &config.shards {
         parse_buckets(list).map_err(|e| format!("shards of `{table}`: {e}"))?;

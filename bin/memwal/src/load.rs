@@ -35,11 +35,36 @@ pub struct LoadArgs {
     /// Bearer token, if the daemon requires one.
     #[arg(long, env = "MEMWAL_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Connect over TLS, trusting this PEM CA certificate (a daemon started
+    /// with --tls-cert).
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// The name the daemon's certificate is issued to [default: the host of --to].
+    #[arg(long, requires = "tls_ca")]
+    pub tls_domain: Option<String>,
 }
 
 async fn connect(args: &LoadArgs) -> Result<FlightClient, String> {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", args.to))
-        .map_err(|e| e.to_string())?
+    let scheme = if args.tls_ca.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let mut endpoint = tonic::transport::Channel::from_shared(format!("{scheme}://{}", args.to))
+        .map_err(|e| e.to_string())?;
+    if let Some(ca) = &args.tls_ca {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let pem = std::fs::read(ca).map_err(|e| format!("--tls-ca {}: {e}", ca.display()))?;
+        let host = args
+            .to
+            .rsplit_once(':')
+            .map_or(args.to.as_str(), |(h, _)| h);
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(pem))
+            .domain_name(args.tls_domain.clone().unwrap_or_else(|| host.to_string()));
+        endpoint = endpoint.tls_config(tls).map_err(|e| format!("TLS: {e}"))?;
+    }
+    let channel = endpoint
         .connect()
         .await
         .map_err(|e| format!("connecting to {}: {e}", args.to))?;

@@ -69,6 +69,7 @@ const MAX_FLIGHT_MESSAGE_BYTES: usize = 256 << 20;
 /// row).
 pub async fn serve(args: ServeArgs) -> Result<String, String> {
     let args = crate::config::resolve(&args)?;
+    let (mut server, scheme) = flight_server(&args)?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("installing the metrics recorder: {e}"))?;
@@ -140,7 +141,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     let flight_addr = incoming.local_addr().map_err(|e| e.to_string())?;
     ready.store(true, Ordering::SeqCst);
     eprintln!(
-        "memwal: serving {} on grpc://{flight_addr} http://{http_addr}",
+        "memwal: serving {} on {scheme}://{flight_addr} http://{http_addr}",
         names
             .iter()
             .map(|(n, u)| format!("{n} ({u})"))
@@ -148,7 +149,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             .join(", "),
     );
     let mut flight_stop = stop_rx.clone();
-    let flight = tonic::transport::Server::builder()
+    let flight = server
         .add_service(
             FlightServiceServer::new(service)
                 .max_decoding_message_size(MAX_FLIGHT_MESSAGE_BYTES)
@@ -197,6 +198,29 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     } else {
         Err(failed.join("\n"))
     }
+}
+
+/// The Flight server builder, with TLS when a certificate is configured,
+/// and the URI scheme clients use.
+fn flight_server(
+    args: &crate::config::ServeConfig,
+) -> Result<(tonic::transport::Server, &'static str), String> {
+    let server = tonic::transport::Server::builder();
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok((server, "grpc"));
+    };
+    // Several rustls crypto providers are linked (lance's and object
+    // store's dependencies bring aws-lc-rs): pick ring for the process. An
+    // error only says one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let read = |p: &std::path::PathBuf| {
+        std::fs::read(p).map_err(|e| format!("TLS: reading {}: {e}", p.display()))
+    };
+    let identity = tonic::transport::Identity::from_pem(read(cert)?, read(key)?);
+    let server = server
+        .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+        .map_err(|e| format!("TLS: {e}"))?;
+    Ok((server, "grpc+tls"))
 }
 
 async fn shutdown_signal() {

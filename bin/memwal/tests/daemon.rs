@@ -64,8 +64,13 @@ impl Daemon {
                 .unwrap_or_else(|| panic!("no {scheme} in `{line}`"))
                 .to_string()
         };
+        let flight = if line.contains("grpc+tls://") {
+            addr("grpc+tls://")
+        } else {
+            addr("grpc://")
+        };
         Self {
-            flight: addr("grpc://"),
+            flight,
             http: addr("http://"),
             child,
         }
@@ -658,4 +663,97 @@ async fn sigterm_cuts_a_stream_left_open_and_keeps_its_acknowledged_rows() {
     assert!(ok, "{out} {err}");
     let got = base_rows(&table).await;
     assert_eq!(got.keys().copied().collect::<Vec<_>>(), vec![1, 2, 3]);
+}
+
+// Breaks if `--tls-cert/--tls-key` do not serve Flight over TLS (a client
+// trusting the certificate must put and get its ack; a plaintext client
+// must not get through), or if a bad certificate file is accepted at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flight_over_tls_with_a_configured_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let cert_pem = cert.cert.pem();
+    let cert_path = dir.path().join("server.pem");
+    let key_path = dir.path().join("server.key");
+    std::fs::write(&cert_path, &cert_pem).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    let d = Daemon::start(
+        &table,
+        &[
+            "--tls-cert",
+            cert_path.to_str().unwrap(),
+            "--tls-key",
+            key_path.to_str().unwrap(),
+        ],
+    );
+    let tls = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&cert_pem))
+        .domain_name("localhost");
+    let channel = tonic::transport::Channel::from_shared(format!("https://{}", d.flight))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .expect("a TLS connection");
+    let mut c = FlightClient::new(channel);
+    let acks = put(&mut c, &["t"], vec![rows(&[1, 2], "tls")])
+        .await
+        .unwrap();
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    // Plaintext gRPC against the TLS port fails.
+    let plain = tonic::transport::Channel::from_shared(format!("http://{}", d.flight))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        let mut c = FlightClient::new(channel);
+        assert!(put(&mut c, &["t"], vec![rows(&[3], "plain")])
+            .await
+            .is_err());
+    }
+    // `memwal load` over TLS.
+    let (ok, out, err) = memwal(&[
+        "load",
+        "--to",
+        &d.flight,
+        "--table",
+        "t",
+        "--rows",
+        "1000",
+        "--batch",
+        "250",
+        "--producers",
+        "2",
+        "--tls-ca",
+        cert_path.to_str().unwrap(),
+        "--tls-domain",
+        "localhost",
+    ]);
+    assert!(ok, "{out} {err}");
+    assert!(d.stop().success());
+
+    std::fs::write(&cert_path, "not a certificate").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args([
+            "serve",
+            "--table",
+            &format!("t={table}"),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--http", "127.0.0.1:0", "--no-compactor"])
+        .args(["--tls-cert", cert_path.to_str().unwrap()])
+        .args(["--tls-key", key_path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TLS"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
