@@ -9,6 +9,8 @@
 //! listen = "127.0.0.1:50051"     # Arrow Flight
 //! http = "127.0.0.1:9464"        # /healthz /readyz /status /metrics
 //! compactor = true
+//! gc = true                      # garbage collection after each compaction cycle
+//! gc_grace_secs = 600            # keep unreachable objects this long (readers' snapshots)
 //! compact_every_secs = 30
 //! drain_secs = 10                # after SIGTERM, in-flight calls get this long
 //! token = "…"                    # require `authorization: Bearer …`
@@ -21,7 +23,7 @@
 //! ```
 //!
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
-//! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_COMPACT_EVERY_SECS`, `MEMWAL_DRAIN_SECS`,
+//! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
@@ -49,6 +51,10 @@ pub struct ServeConfig {
     pub http: SocketAddr,
     /// Run the compaction task.
     pub compactor: bool,
+    /// Collect garbage after each compaction cycle.
+    pub gc: bool,
+    /// GC's grace period: nothing younger is deleted.
+    pub gc_grace_secs: u64,
     /// Seconds between compaction cycles.
     pub compact_every_secs: u64,
     /// Seconds in-flight Flight calls may run on after SIGTERM.
@@ -70,6 +76,8 @@ impl Default for ServeConfig {
             listen: "127.0.0.1:50051".parse().expect("static address"),
             http: "127.0.0.1:9464".parse().expect("static address"),
             compactor: true,
+            gc: true,
+            gc_grace_secs: 600,
             compact_every_secs: 30,
             drain_secs: 10,
             token: None,
@@ -103,6 +111,13 @@ pub struct ServeArgs {
     /// Do not run the compactor.
     #[arg(long)]
     pub no_compactor: bool,
+    /// Do not collect garbage (the compactor still runs).
+    #[arg(long)]
+    pub no_gc: bool,
+    /// GC's grace period in seconds: objects unreachable for less are kept
+    /// (readers holding an older snapshot still read) [default: 600].
+    #[arg(long)]
+    pub gc_grace_secs: Option<u64>,
     /// Seconds between compaction cycles [default: 30].
     #[arg(long)]
     pub compact_every_secs: Option<u64>,
@@ -164,6 +179,12 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if args.no_compactor {
         put("compactor", false.into());
     }
+    if args.no_gc {
+        put("gc", false.into());
+    }
+    if let Some(s) = args.gc_grace_secs {
+        put("gc_grace_secs", s.into());
+    }
     if let Some(s) = args.compact_every_secs {
         put("compact_every_secs", s.into());
     }
@@ -199,6 +220,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "listen",
             "http",
             "compactor",
+            "gc",
+            "gc_grace_secs",
             "compact_every_secs",
             "drain_secs",
             "token",

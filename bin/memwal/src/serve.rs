@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use memwal::ShardWriterConfig;
-use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, TableSharding};
+use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, GcConfig, TableSharding};
 use memwal_server::{http, FlightServiceServer, IngestService, TableHost};
 use memwal_store::open_store;
 
@@ -127,9 +127,14 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     if args.compactor {
         for (_, uri) in &names {
             let loc = open_store(uri).map_err(|e| e.to_string())?;
-            compactors.push(CompactorTask::spawn(
+            let gc = args.gc.then(|| GcConfig {
+                grace: Duration::from_secs(args.gc_grace_secs),
+                ..GcConfig::default()
+            });
+            compactors.push(CompactorTask::spawn_with_gc(
                 Compactor::new(loc, CompactorConfig::default()),
                 Duration::from_secs(args.compact_every_secs.max(1)),
+                gc,
             ));
         }
     }

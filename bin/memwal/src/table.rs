@@ -164,11 +164,26 @@ pub async fn init(uri: &str, schema: Arc<Schema>, sharding: &str) -> Result<Stri
     ))
 }
 
+/// A spinner with elapsed time on stderr while `work` runs (hidden when
+/// stderr is not a terminal).
+async fn with_spinner<T>(what: String, work: impl std::future::Future<Output = T>) -> T {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .expect("static template"),
+    );
+    bar.set_message(what);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    let out = work.await;
+    bar.finish_and_clear();
+    out
+}
+
 /// `memwal compact`: one cycle; fails when any shard failed.
 pub async fn compact(uri: &str) -> Result<String, String> {
     let loc = open_store(uri).map_err(|e| e.to_string())?;
-    let reports = Compactor::new(loc, CompactorConfig::default())
-        .run_once()
+    let compactor = Compactor::new(loc, CompactorConfig::default());
+    let reports = with_spinner(format!("compacting {uri}"), compactor.run_once())
         .await
         .map_err(|e| e.to_string())?;
     let mut out = String::new();
@@ -276,7 +291,12 @@ pub async fn gc(
         dry_run,
         ..GcConfig::default()
     };
-    let reports = collect_garbage(&loc, &config)
+    let what = if dry_run {
+        "looking for garbage in"
+    } else {
+        "collecting garbage in"
+    };
+    let reports = with_spinner(format!("{what} {uri}"), collect_garbage(&loc, &config))
         .await
         .map_err(|e| e.to_string())?;
     let verb = if dry_run { "would delete" } else { "deleted" };

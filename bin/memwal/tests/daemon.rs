@@ -33,17 +33,17 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// A daemon serving `table` as `t`, without its compactor.
     fn start(table: &str, extra: &[&str]) -> Self {
+        Self::launch(table, &[&["--no-compactor"], extra].concat())
+    }
+
+    /// A daemon serving `table` as `t` with `args` after the addresses.
+    fn launch(table: &str, args: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
             .args(["serve", "--table", &format!("t={table}")])
-            .args([
-                "--listen",
-                "127.0.0.1:0",
-                "--http",
-                "127.0.0.1:0",
-                "--no-compactor",
-            ])
-            .args(extra)
+            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+            .args(args)
             .stderr(Stdio::piped())
             .spawn()
             .expect("start memwal serve");
@@ -756,4 +756,78 @@ async fn flight_over_tls_with_a_configured_certificate() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// Breaks if `memwal serve` does not run the compactor and GC by default:
+// after a `flush` action, every shard's published generation must reach the
+// base table (compaction lag 0 in /status) and the flushed WAL entries must
+// be collected, with no CLI command run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_compacts_and_collects_garbage_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::launch(
+        &table,
+        &["--compact-every-secs", "1", "--gc-grace-secs", "0"],
+    );
+    let mut c = client(&d.flight, None).await;
+    let ids: Vec<i64> = (0..40).collect();
+    for round in 0..3 {
+        put(&mut c, &["t"], vec![rows(&ids, &format!("r{round}"))])
+            .await
+            .unwrap();
+    }
+    let flushed = c
+        .do_action(arrow_flight::Action::new("flush", "t"))
+        .await
+        .unwrap()
+        .try_collect::<Vec<_>>()
+        .await
+        .unwrap();
+    assert_eq!(flushed.len(), 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let (_, body) = http_fetch(&d.http, "/status", None);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let shards = v["tables"]["t"]["shards"].as_array().unwrap().clone();
+        let caught_up = shards.len() == 4
+            && shards.iter().all(|s| {
+                s["compacted_generation"].as_u64() >= Some(1)
+                    && s["compaction_lag_generations"] == 0
+            });
+        if caught_up {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no compaction within 2 minutes: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // GC runs right after the cycle that compacted: wait for it to have
+    // collected the flushed WAL entries (each shard keeps only its epoch's
+    // first slot, the sentinel).
+    loop {
+        let (ok, out, err) = memwal(&["inspect", &table, "--json"]);
+        assert!(ok, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let collected = v["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["wal"]["entries"] == 1);
+        if collected {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no GC within 2 minutes: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(d.stop().success());
+    let got = base_rows(&table).await;
+    assert_eq!(got.len(), 40);
+    assert!(got.values().all(|v| v.starts_with("r2-")), "{got:?}");
 }

@@ -291,3 +291,47 @@ async fn random_interleavings_keep_the_views_equal_to_the_model() {
         w.close().await.unwrap();
     }
 }
+
+// Breaks if the background task does not end a cycle with GC when given a
+// GC configuration (flushed WAL entries must be gone after its first cycle,
+// the base holding the rows), or collects garbage when given none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_background_task_collects_garbage_after_compacting() {
+    use futures::TryStreamExt;
+    let f = Fixture::new(true, TableSharding::Unsharded).await;
+    let w = f.writer(None).await;
+    let mut model = Model::new();
+    put(&w, &mut model, &[1, 2], "a").await;
+    w.flush().await.unwrap();
+    put(&w, &mut model, &[3], "b").await;
+    w.flush().await.unwrap();
+    let wal_dir = f.plain.child(&format!("_mem_wal/{}/wal", w.shard()));
+    let wal_entries = || async {
+        let all: Vec<_> = f
+            .plain
+            .store
+            .list(Some(&wal_dir))
+            .try_collect()
+            .await
+            .unwrap();
+        all.len()
+    };
+    let before = wal_entries().await;
+    let every = Duration::from_secs(3600);
+
+    let task = memwal_compactor::CompactorTask::spawn(f.compactor(), every);
+    task.cycles().wait_for(|c| *c >= 1).await.unwrap();
+    task.stop().await;
+    assert_eq!(wal_entries().await, before, "no GC was asked for");
+
+    let task =
+        memwal_compactor::CompactorTask::spawn_with_gc(f.compactor(), every, Some(now_config()));
+    task.cycles().wait_for(|c| *c >= 1).await.unwrap();
+    task.stop().await;
+    assert!(
+        wal_entries().await < before,
+        "flushed WAL entries collected"
+    );
+    assert_model(&f.base_rows().await, &model, "base");
+    w.close().await.unwrap();
+}
