@@ -265,6 +265,22 @@ async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     assert!(e.message().contains("table `t`"), "{e}");
+    // A null primary key: refused naming the column, nothing of it written.
+    let nullable = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("v", DataType::Utf8, true),
+    ]));
+    let null_key = RecordBatch::try_new(
+        nullable,
+        vec![
+            Arc::new(Int64Array::from(vec![Some(500), None])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["n", "n"])),
+        ],
+    )
+    .unwrap();
+    let e = put(&mut c, &["t"], vec![null_key]).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("`id`"), "{e}");
     let mut anonymous = client(&d.flight, None).await;
     let e = put(&mut anonymous, &["t"], vec![rows(&[1], "x")])
         .await

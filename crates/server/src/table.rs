@@ -75,6 +75,9 @@ pub struct TableHost {
     loc: StoreLocation,
     schema: SchemaRef,
     key_schema: SchemaRef,
+    /// Validates whole batches before they are split (a bad row must fail
+    /// the batch, not only its shard's part).
+    validator: memwal_memtable::TableSchema,
     spec_id: u32,
     /// `None` for an unsharded table (one shard, no routing).
     router: Option<(ShardRouter, ShardRouter)>,
@@ -200,11 +203,14 @@ impl TableHost {
                 ShardRouter::new(&spec, &key_schema).map_err(|e| setup(e.to_string()))?;
             Some((router, key_router))
         };
+        let validator =
+            memwal_memtable::TableSchema::new(schema.clone()).map_err(|e| setup(e.to_string()))?;
         let host = Self {
             name: name.to_string(),
             loc,
             schema,
             key_schema,
+            validator,
             spec_id: spec.spec_id,
             router,
             config,
@@ -373,9 +379,10 @@ impl TableHost {
         Ok(())
     }
 
-    /// Writes `batch` (rows, or key-only deletes): split by shard, every
-    /// part handed to its shard's writer at once; returns once every part
-    /// is durable. Any part failing fails the call; parts that succeeded
+    /// Writes `batch` (rows, or key-only deletes): validated as a whole
+    /// (schema, null keys, nulls in non-nullable columns: nothing of an
+    /// invalid batch is written), split by shard, every part handed to its
+    /// shard's writer at once; returns once every part is durable. Any part failing fails the call; parts that succeeded
     /// stay durable and the error ([`ServerError::Partial`]) lists them.
     pub async fn write(
         &self,
@@ -386,6 +393,17 @@ impl TableHost {
         if batch.num_rows() == 0 {
             return Ok(Vec::new());
         }
+        // Null keys, nulls in non-nullable columns: refused for the whole
+        // batch before any part reaches a shard.
+        let checked = if delete {
+            self.validator.tombstone_batch(batch)
+        } else {
+            self.validator.to_storage(batch)
+        };
+        checked.map_err(|e| ServerError::InvalidInput {
+            table: self.name.clone(),
+            reason: e.to_string(),
+        })?;
         let parts: Vec<(ShardKey, RecordBatch)> = match &self.router {
             None => vec![(ShardKey::new(), batch.clone())],
             Some((rows, keys)) => {

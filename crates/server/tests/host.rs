@@ -239,3 +239,25 @@ async fn a_partly_taken_over_batch_reports_its_durable_parts() {
     other.close().await.unwrap();
     host.close().await.unwrap();
 }
+
+// Breaks if a put larger than a shard may hold is not refused as invalid
+// input (INVALID_ARGUMENT, naming the limit), or if the host stops serving
+// after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_put_is_invalid_and_the_table_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let config = ShardWriterConfig {
+        memtable_max_bytes: 4 << 10,
+        ..ShardWriterConfig::default()
+    };
+    let host = TableHost::open("t", loc, config).await.unwrap();
+    let big: Vec<i64> = (0..4000).collect();
+    let e = host.write(&rows(&big), false).await.unwrap_err();
+    let status = tonic::Status::from(e);
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status}");
+    assert!(status.message().contains("memtable_max_bytes"), "{status}");
+    let parts = host.write(&rows(&[1, 2]), false).await.unwrap();
+    assert!(!parts.is_empty());
+    host.close().await.unwrap();
+}
