@@ -146,6 +146,10 @@ enum ShardOp {
     Claim {
         #[command(flatten)]
         args: ShardArgs,
+        /// Claim this many times in a row, printing `won EPOCH` or `lost
+        /// REASON` per round (a claim race tool; losing is not an error).
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
     },
     /// Seal the shard for a drop: refuse claims, bump the epoch and put a
     /// fence sentinel at the WAL tip so the live writer stops at its next
@@ -259,7 +263,19 @@ async fn run(cli: Cli) -> Result<String, String> {
                 .map_err(err)?;
             Ok(describe(&m))
         }
-        ShardOp::Claim { args } => {
+        ShardOp::Claim { args, rounds } if rounds > 1 => {
+            let store = manifests(&args)?;
+            let mut out = String::new();
+            for _ in 0..rounds {
+                match store.claim(Some(&ShardIdentity::manual())).await {
+                    Ok(c) => out.push_str(&format!("won {}\n", c.epoch)),
+                    Err(e @ FencingError::ClaimLost { .. }) => out.push_str(&format!("lost {e}\n")),
+                    Err(e) => return Err(format!("{out}{}", err(e))),
+                }
+            }
+            Ok(out)
+        }
+        ShardOp::Claim { args, .. } => {
             let c = manifests(&args)?
                 .claim(Some(&ShardIdentity::manual()))
                 .await

@@ -1,211 +1,18 @@
 //! `memwal serve` as a process, driven by the Rust Arrow Flight client.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::{FlightClient, FlightDescriptor};
 use arrow_schema::{DataType, Field, Schema};
 use futures::{StreamExt, TryStreamExt};
 
-fn memwal(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_memwal"))
-        .args(args)
-        .output()
-        .expect("run memwal");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A running daemon and its Flight address.
-struct Daemon {
-    child: Child,
-    flight: String,
-    http: String,
-}
-
-impl Daemon {
-    /// A daemon serving `table` as `t`, without its compactor.
-    fn start(table: &str, extra: &[&str]) -> Self {
-        Self::launch(table, &[&["--no-compactor"], extra].concat())
-    }
-
-    /// A daemon serving `table` as `t` with `args` after the addresses.
-    fn launch(table: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
-            .args(["serve", "--table", &format!("t={table}")])
-            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start memwal serve");
-        let stderr = child.stderr.take().unwrap();
-        let mut lines = BufReader::new(stderr).lines();
-        let line = loop {
-            match lines.next() {
-                Some(Ok(l)) if l.contains("serving") => break l,
-                Some(Ok(_)) => continue,
-                other => panic!("daemon ended before serving: {other:?}"),
-            }
-        };
-        // Keep draining stderr so the daemon never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
-        let addr = |scheme: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(scheme))
-                .unwrap_or_else(|| panic!("no {scheme} in `{line}`"))
-                .to_string()
-        };
-        let flight = if line.contains("grpc+tls://") {
-            addr("grpc+tls://")
-        } else {
-            addr("grpc://")
-        };
-        Self {
-            flight,
-            http: addr("http://"),
-            child,
-        }
-    }
-
-    /// SIGTERM, then the exit status.
-    fn stop(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success());
-        self.child.wait().unwrap()
-    }
-}
-
-async fn client(addr: &str, token: Option<&str>) -> FlightClient {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect to the daemon");
-    let mut c = FlightClient::new(channel);
-    if let Some(t) = token {
-        c.add_header("authorization", &format!("Bearer {t}"))
-            .unwrap();
-    }
-    c
-}
-
-fn rows(ids: &[i64], tag: &str) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("v", DataType::Utf8, true),
-    ]));
-    RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
-            Arc::new(StringArray::from_iter_values(
-                ids.iter().map(|i| format!("{tag}-{i}")),
-            )),
-        ],
-    )
-    .unwrap()
-}
-
-fn keys(ids: &[i64]) -> RecordBatch {
-    let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
-    RecordBatch::try_new(
-        schema,
-        vec![Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef],
-    )
-    .unwrap()
-}
-
-/// DoPut of `batches` to `path`; one ack (JSON) per batch, or the status.
-async fn put(
-    c: &mut FlightClient,
-    path: &[&str],
-    batches: Vec<RecordBatch>,
-) -> Result<Vec<serde_json::Value>, tonic::Status> {
-    let descriptor = FlightDescriptor::new_path(path.iter().map(|s| s.to_string()).collect());
-    let stream = FlightDataEncoderBuilder::new()
-        .with_flight_descriptor(Some(descriptor))
-        .build(futures::stream::iter(batches.into_iter().map(Ok)));
-    let acks = c.do_put(stream).await.map_err(status)?;
-    acks.map_err(status)
-        .map_ok(|r| serde_json::from_slice(&r.app_metadata).expect("ack metadata is JSON"))
-        .try_collect()
-        .await
-}
-
-fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
-    match e {
-        arrow_flight::error::FlightError::Tonic(s) => *s,
-        other => tonic::Status::unknown(other.to_string()),
-    }
-}
-
-/// The status code of `GET path` (HTTP/1.1, one request per connection).
-fn http_get(addr: &str, path: &str, token: Option<&str>) -> u16 {
-    http_fetch(addr, path, token).0
-}
-
-/// The status code and body of `GET path`.
-fn http_fetch(addr: &str, path: &str, token: Option<&str>) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect to the HTTP port");
-    let auth = token
-        .map(|t| format!("authorization: Bearer {t}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    let code = reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP reply: {reply:?}"));
-    let body = reply
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (code, body)
-}
-
-async fn base_rows(table: &str) -> BTreeMap<i64, String> {
-    let ds = lance::Dataset::open(table).await.unwrap();
-    let batches: Vec<RecordBatch> = ds
-        .scan()
-        .try_into_stream()
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    let mut out = BTreeMap::new();
-    for b in batches {
-        let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
-        let vs = b.column_by_name("v").unwrap().as_string::<i32>();
-        for i in 0..b.num_rows() {
-            assert!(
-                out.insert(ids.value(i), vs.value(i).to_string()).is_none(),
-                "key twice"
-            );
-        }
-    }
-    out
-}
+use common::*;
 
 // Breaks if the daemon acknowledges before a batch is split and durable in
 // every owning shard (the acks name one part per shard), loses a put,
@@ -404,20 +211,6 @@ fn run_python(python: &str, script: &str, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn init_bucket_table(table: &str) {
-    let (ok, _, err) = memwal(&[
-        "init",
-        table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
-    assert!(ok, "{err}");
 }
 
 // Breaks if ADBC's Flight SQL driver (`adbc_ingest`, no custom client code)

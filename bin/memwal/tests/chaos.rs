@@ -1,0 +1,500 @@
+//! Process chaos: `memwal serve` daemons SIGKILLed at random moments while a
+//! client writes known values, sometimes paused instead (SIGSTOP, a
+//! successor takes over, then SIGCONT: a zombie), with `memwal compact` and
+//! `memwal gc --grace 0` run in between. At the end the reader view (base +
+//! SSTables through upstream's `LsmScanner`), and the base after a final
+//! compaction, must agree with every acknowledgement:
+//!
+//! 1. every acknowledged put is visible with the newest acknowledged value of
+//!    its key, every acknowledged delete holds (unless a later write whose
+//!    outcome is unknown overwrote it);
+//! 2. no key appears twice, and no value appears that no client sent;
+//! 3. a write whose outcome was unknown is present at most once (it may
+//!    only be the final value if it is newer than the newest ack);
+//! 4. a write refused (FAILED_PRECONDITION: fenced) is absent, and whatever
+//!    a zombie acknowledged is durable.
+//!
+//! `MEMWAL_CHAOS_KILLS` sets the number of kill iterations (default 200),
+//! `MEMWAL_CHAOS_SEED` replays a run; a failure prints both.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::RecordBatch;
+use arrow_flight::FlightClient;
+use futures::TryStreamExt;
+use lance::dataset::mem_wal::{LsmScanner, ShardSnapshot};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use common::*;
+
+/// Keys written (over all four buckets).
+const KEYS: i64 = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Acked,
+    /// Definitely not applied (fenced, served elsewhere).
+    Refused,
+    /// The daemon died or the connection broke before an answer.
+    Unknown,
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    seq: u64,
+    key: i64,
+    /// `None`: a delete.
+    value: Option<String>,
+    outcome: Outcome,
+    /// Which daemon (by start number) was asked.
+    daemon: u32,
+}
+
+#[derive(Default)]
+struct Stats {
+    iterations: u64,
+    kills: u64,
+    zombies: u64,
+    zombie_acks: u64,
+    compactions: u64,
+    gcs: u64,
+    flushes: u64,
+}
+
+/// Every operation issued, in issue order (`seq`).
+struct History {
+    seq: AtomicU64,
+    ops: Mutex<Vec<Op>>,
+    acks: tokio::sync::watch::Sender<u64>,
+}
+
+impl History {
+    fn new() -> Self {
+        Self {
+            seq: AtomicU64::new(0),
+            ops: Mutex::new(Vec::new()),
+            acks: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    fn record(&self, op: Op) {
+        let acked = op.outcome == Outcome::Acked;
+        self.ops.lock().unwrap().push(op);
+        if acked {
+            self.acks.send_modify(|a| *a += 1);
+        }
+    }
+}
+
+fn classify(status: &tonic::Status) -> Outcome {
+    match status.code() {
+        tonic::Code::FailedPrecondition => Outcome::Refused,
+        _ => Outcome::Unknown,
+    }
+}
+
+/// Issues up to `n` operations one at a time against daemon `daemon`,
+/// ending early at the first failure (the daemon is gone or fenced).
+async fn client_run(
+    addr: String,
+    daemon: u32,
+    n: usize,
+    seed: u64,
+    history: Arc<History>,
+    flushes: Arc<AtomicU64>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let Ok(channel) = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+    else {
+        return;
+    };
+    let mut c = FlightClient::new(channel);
+    for _ in 0..n {
+        if rng.random_ratio(1, 12) {
+            let r = c
+                .do_action(arrow_flight::Action::new("flush", "t"))
+                .await
+                .map(|s| s.try_collect::<Vec<_>>());
+            if let Ok(f) = r {
+                if f.await.is_ok() {
+                    flushes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            continue;
+        }
+        let key = rng.random_range(0..KEYS);
+        let seq = history.seq.fetch_add(1, Ordering::SeqCst);
+        let delete = rng.random_ratio(1, 5);
+        let (path, batch, value) = if delete {
+            (vec!["t", "delete"], keys(&[key]), None)
+        } else {
+            let tag = format!("s{seq}");
+            let value = format!("{tag}-{key}");
+            (vec!["t"], rows(&[key], &tag), Some(value))
+        };
+        let r = put(&mut c, &path, vec![batch]).await;
+        let outcome = match &r {
+            Ok(acks) if acks.len() == 1 => Outcome::Acked,
+            Ok(acks) => panic!("one batch, {} acks: {acks:?}", acks.len()),
+            Err(s) => classify(s),
+        };
+        history.record(Op {
+            seq,
+            key,
+            value,
+            outcome,
+            daemon,
+        });
+        if r.is_err() {
+            return;
+        }
+    }
+}
+
+fn signal(d: &Daemon, sig: &str) {
+    let pid = d.child.id().to_string();
+    assert!(Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+fn kill(mut d: Daemon) {
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+}
+
+/// Waits until `n` acknowledgements were recorded or `client` ended.
+async fn acks_reach(history: &History, n: u64, client: &tokio::task::JoinHandle<()>) {
+    let mut acks = history.acks.subscribe();
+    loop {
+        if *acks.borrow_and_update() >= n || client.is_finished() {
+            return;
+        }
+        tokio::select! {
+            r = acks.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+        }
+    }
+}
+
+/// The reader view: base plus every shard's SSTables above its compacted
+/// generation, through upstream's `LsmScanner` (key -> value, duplicates).
+async fn view_rows(table: &str) -> (BTreeMap<i64, String>, Vec<i64>) {
+    let loc = memwal_store::open_store(table).unwrap();
+    let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
+        .await
+        .unwrap();
+    let snapshots: Vec<ShardSnapshot> = view
+        .shards
+        .iter()
+        .map(|s| {
+            let mut snap = ShardSnapshot::new(s.shard.uuid())
+                .with_spec_id(s.spec_id)
+                .with_current_generation(s.current_generation);
+            for t in &s.sstables {
+                snap = snap.with_sstable(t.generation, t.path.clone());
+            }
+            snap
+        })
+        .collect();
+    let base = lance::Dataset::open(table).await.unwrap();
+    let base = Arc::new(
+        base.checkout_version(view.base.version().version)
+            .await
+            .unwrap(),
+    );
+    let batch = LsmScanner::new(base, snapshots, vec!["id".to_string()])
+        .try_into_batch()
+        .await
+        .unwrap();
+    rows_of(&[batch])
+}
+
+fn rows_of(batches: &[RecordBatch]) -> (BTreeMap<i64, String>, Vec<i64>) {
+    let mut out = BTreeMap::new();
+    let mut dups = Vec::new();
+    for b in batches {
+        let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
+        let vs = b.column_by_name("v").unwrap().as_string::<i32>();
+        for i in 0..b.num_rows() {
+            if out.insert(ids.value(i), vs.value(i).to_string()).is_some() {
+                dups.push(ids.value(i));
+            }
+        }
+    }
+    (out, dups)
+}
+
+/// Checks invariants 1-4 of `got` against the history.
+fn check(got: &(BTreeMap<i64, String>, Vec<i64>), ops: &[Op], what: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if !got.1.is_empty() {
+        errors.push(format!("{what}: keys appear twice: {:?}", got.1));
+    }
+    for key in got.0.keys() {
+        if !(0..KEYS).contains(key) {
+            errors.push(format!("{what}: key {key} was never written"));
+        }
+    }
+    for key in 0..KEYS {
+        let mut mine: Vec<&Op> = ops.iter().filter(|o| o.key == key).collect();
+        mine.sort_by_key(|o| o.seq);
+        let last_ack = mine.iter().rposition(|o| o.outcome == Outcome::Acked);
+        let (base, later) = match last_ack {
+            Some(i) => (mine[i].value.clone(), &mine[i + 1..]),
+            None => (None, &mine[..]),
+        };
+        let mut allowed = vec![base];
+        allowed.extend(
+            later
+                .iter()
+                .filter(|o| o.outcome == Outcome::Unknown)
+                .map(|o| o.value.clone()),
+        );
+        let have = got.0.get(&key).cloned();
+        if !allowed.contains(&have) {
+            let trail: Vec<String> = mine
+                .iter()
+                .map(|o| format!("#{} d{} {:?} {:?}", o.seq, o.daemon, o.value, o.outcome))
+                .collect();
+            errors.push(format!(
+                "{what}: key {key} is {have:?}, allowed {allowed:?}; history: {}",
+                trail.join(", ")
+            ));
+        }
+    }
+    errors
+}
+
+// Breaks if a SIGKILLed or paused-then-resumed daemon ever loses an
+// acknowledged write, applies a refused one, duplicates a row, or lets a
+// zombie acknowledge something that is not durable, with compaction and GC
+// running in between (see the module docs for the four invariants). A
+// deliberately broken variant of each check: `check_catches_each_violation`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
+    let kills: u64 = std::env::var("MEMWAL_CHAOS_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let seed: u64 = std::env::var("MEMWAL_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random);
+    let replay = format!(
+        "MEMWAL_CHAOS_SEED={seed} MEMWAL_CHAOS_KILLS={kills} \
+         cargo test -p memwal-cli --test chaos"
+    );
+    eprintln!("chaos: seed {seed}, {kills} kills (replay: {replay})");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let history = Arc::new(History::new());
+    let flushes = Arc::new(AtomicU64::new(0));
+    let mut stats = Stats::default();
+    let mut started = 0u32;
+    let start = |started: &mut u32| {
+        *started += 1;
+        Daemon::start(&table, &[])
+    };
+
+    // Every bucket gets its shard before any zombie exists: two daemons
+    // each creating a shard for the same bucket is outside what this run
+    // checks (split tables use --shards).
+    let mut current = start(&mut started);
+    let mut c = client(&current.flight, None).await;
+    let warm: Vec<i64> = (0..KEYS).collect();
+    put(&mut c, &["t"], vec![rows(&warm, "warm")])
+        .await
+        .unwrap();
+    for key in warm {
+        let seq = history.seq.fetch_add(1, Ordering::SeqCst);
+        history.record(Op {
+            seq,
+            key,
+            value: Some(format!("warm-{key}")),
+            outcome: Outcome::Acked,
+            daemon: started,
+        });
+    }
+
+    while stats.kills < kills {
+        stats.iterations += 1;
+        let n = rng.random_range(1..30);
+        let kill_after = *history.acks.borrow() + rng.random_range(0..n as u64);
+        let client = tokio::spawn(client_run(
+            current.flight.clone(),
+            started,
+            n,
+            rng.random(),
+            history.clone(),
+            flushes.clone(),
+        ));
+        acks_reach(&history, kill_after, &client).await;
+        if rng.random_ratio(1, 5) {
+            // A zombie: paused while it may have a write in flight, a
+            // successor takes over and writes, then the zombie resumes.
+            stats.zombies += 1;
+            signal(&current, "-STOP");
+            let paused_at = history.seq.load(Ordering::SeqCst);
+            let successor = start(&mut started);
+            client_run(
+                successor.flight.clone(),
+                started,
+                rng.random_range(1..15),
+                rng.random(),
+                history.clone(),
+                flushes.clone(),
+            )
+            .await;
+            signal(&current, "-CONT");
+            let _ = client.await;
+            // The zombie is asked again; it must refuse.
+            let zombie = started - 1;
+            client_run(
+                current.flight.clone(),
+                zombie,
+                3,
+                rng.random(),
+                history.clone(),
+                flushes.clone(),
+            )
+            .await;
+            stats.zombie_acks += history
+                .ops
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|o| {
+                    o.daemon == zombie && o.outcome == Outcome::Acked && o.seq + 1 >= paused_at
+                })
+                .count() as u64;
+            kill(std::mem::replace(&mut current, successor));
+        } else {
+            kill(current);
+            let _ = client.await;
+            current = start(&mut started);
+        }
+        stats.kills += 1;
+        if rng.random_ratio(1, 4) {
+            let (ok, out, err) = memwal(&["compact", &table]);
+            assert!(ok, "compact: {out} {err} ({replay})");
+            stats.compactions += 1;
+        }
+        if rng.random_ratio(1, 8) {
+            let (ok, out, err) = memwal(&["gc", &table, "--grace", "0"]);
+            assert!(ok, "gc: {out} {err} ({replay})");
+            stats.gcs += 1;
+        }
+    }
+    signal(&current, "-TERM");
+    assert!(current.child.wait().unwrap().success(), "{replay}");
+    stats.flushes = flushes.load(Ordering::Relaxed);
+
+    let ops = history.ops.lock().unwrap().clone();
+    let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
+    let mut errors = check(&view_rows(&table).await, &ops, "reader view");
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out} {err}");
+    let base = base_rows(&table).await;
+    errors.extend(check(&(base.clone(), Vec::new()), &ops, "base"));
+    let view = view_rows(&table).await;
+    if view.0 != base {
+        errors.push("the view after the final compaction differs from the base".into());
+    }
+    eprintln!(
+        "chaos: {} iterations, {} kills ({} as zombies, {} zombie acks around or after the pause), {} daemons, \
+         {} writes ({} acked, {} unknown, {} refused), {} flushes, {} compactions, {} gcs; \
+         invariants {}",
+        stats.iterations,
+        stats.kills,
+        stats.zombies,
+        stats.zombie_acks,
+        started,
+        ops.len(),
+        count(Outcome::Acked),
+        count(Outcome::Unknown),
+        count(Outcome::Refused),
+        stats.flushes,
+        stats.compactions,
+        stats.gcs,
+        if errors.is_empty() {
+            "held"
+        } else {
+            "VIOLATED"
+        }
+    );
+    assert!(
+        errors.is_empty(),
+        "{} violations (replay: {replay}):\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
+}
+
+// The checker is the test's only judge: each invariant's violation must be
+// reported. Breaks if `check` accepts a lost ack, a refused write applied,
+// a duplicate key, a value nobody sent, or an unknown write older than the
+// newest ack.
+#[test]
+fn check_catches_each_violation() {
+    let op = |seq, key, value: Option<&str>, outcome| Op {
+        seq,
+        key,
+        value: value.map(String::from),
+        outcome,
+        daemon: 1,
+    };
+    let ops = vec![
+        op(0, 1, Some("a"), Outcome::Acked),
+        op(1, 1, Some("b"), Outcome::Unknown),
+        op(2, 2, Some("c"), Outcome::Acked),
+        op(3, 2, Some("d"), Outcome::Refused),
+        op(4, 3, Some("e"), Outcome::Unknown),
+        op(5, 3, None, Outcome::Acked),
+    ];
+    let state = |pairs: &[(i64, &str)], dups: Vec<i64>| {
+        (
+            pairs
+                .iter()
+                .map(|(k, v)| (*k, v.to_string()))
+                .collect::<BTreeMap<_, _>>(),
+            dups,
+        )
+    };
+    assert!(check(&state(&[(1, "a"), (2, "c")], vec![]), &ops, "ok").is_empty());
+    assert!(check(&state(&[(1, "b"), (2, "c")], vec![]), &ops, "ok").is_empty());
+    for (bad, why) in [
+        (state(&[(2, "c")], vec![]), "lost ack of key 1"),
+        (
+            state(&[(1, "a"), (2, "d")], vec![]),
+            "refused write applied",
+        ),
+        (state(&[(1, "a"), (2, "c")], vec![1]), "duplicate"),
+        (
+            state(&[(1, "a"), (2, "c"), (99, "z")], vec![]),
+            "never written",
+        ),
+        (state(&[(1, "zz"), (2, "c")], vec![]), "value nobody sent"),
+        (
+            state(&[(1, "a"), (2, "c"), (3, "e")], vec![]),
+            "unknown older than ack",
+        ),
+    ] {
+        assert!(!check(&bad, &ops, why).is_empty(), "{why} not caught");
+    }
+}
