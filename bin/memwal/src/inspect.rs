@@ -48,6 +48,18 @@ pub fn aligned(cols: &[&str], rows: &[Value]) -> String {
     out
 }
 
+/// A manifest's shard field values as `FIELD=HEX,...` (empty: none).
+pub fn shard_values(m: &memwal_fencing::ShardManifest) -> String {
+    m.shard_field_entries
+        .iter()
+        .map(|e| {
+            let hex: String = e.value.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{}={hex}", e.field_id)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Objects under `dir` whose names parse as bitrev64 positions with
 /// `suffix`: (position, bytes), ascending.
 async fn positions(
@@ -117,21 +129,13 @@ async fn shard_report(
             })
         })
         .collect();
-    let values: Vec<String> = m
-        .shard_field_entries
-        .iter()
-        .map(|e| {
-            let hex: String = e.value.iter().map(|b| format!("{b:02x}")).collect();
-            format!("{}={hex}", e.field_id)
-        })
-        .collect();
     let unflushed = wal
         .iter()
         .filter(|(p, _)| *p > m.replay_after_wal_entry_position)
         .count();
     Ok(json!({
         "shard": shard.to_string(),
-        "values": values.join(","),
+        "values": shard_values(&m),
         "spec_id": m.shard_spec_id,
         "manifest": {
             "version": m.version,

@@ -308,6 +308,8 @@ async fn run(cli: Cli) -> Result<String, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Crash points named in FAILPOINTS (test builds only; see memwal_store).
+    memwal_store::failpoints_from_env();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

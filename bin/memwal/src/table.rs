@@ -227,17 +227,9 @@ pub async fn status(uri: &str, json: bool) -> Result<String, String> {
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("shard {} lost its manifest", s.shard))?;
-        let values: Vec<String> = m
-            .shard_field_entries
-            .iter()
-            .map(|e| {
-                let hex: String = e.value.iter().map(|b| format!("{b:02x}")).collect();
-                format!("{}={hex}", e.field_id)
-            })
-            .collect();
         rows.push(serde_json::json!({
             "shard": s.shard.to_string(),
-            "values": values.join(","),
+            "values": crate::inspect::shard_values(&m),
             "epoch": m.writer_epoch,
             "version": m.version,
             "generation": m.current_generation,

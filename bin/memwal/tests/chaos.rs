@@ -171,9 +171,76 @@ fn signal(d: &Daemon, sig: &str) {
         .success());
 }
 
-fn kill(mut d: Daemon) {
-    d.child.kill().unwrap();
-    d.child.wait().unwrap();
+/// SIGKILL (unless it already ended); whether it had aborted at an armed
+/// crash point instead.
+fn kill(mut d: Daemon) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    let _ = d.child.kill();
+    d.child.wait().unwrap().signal() == Some(6)
+}
+
+/// Crash points a daemon may be started with, and how they are armed
+/// (`return` aborts the process; see memwal_store::crash_point).
+const DAEMON_POINTS: [(&str, &str); 5] = [
+    ("wal::before_put", "8%return"),
+    ("wal::after_put", "8%return"),
+    ("sstable::before_sidecars", "50%return"),
+    ("writer::before_publish", "50%return"),
+    ("writer::mid_replay", "return"),
+];
+
+/// Crash points of `memwal compact` and `memwal gc`.
+const COMPACT_POINTS: [(&str, &str); 2] = [
+    ("compactor::between_passes", "return"),
+    ("compactor::after_commit", "50%return"),
+];
+const GC_POINT: (&str, &str) = ("gc::mid", "30%return");
+
+/// Starts the next daemon, armed with a random crash point one time in
+/// three; a daemon that aborts while opening (mid-replay) counts as a hit
+/// and is started again unarmed.
+fn start_daemon(
+    table: &str,
+    started: &mut u32,
+    rng: &mut StdRng,
+    hits: &mut BTreeMap<&'static str, u64>,
+) -> (Daemon, Option<&'static str>) {
+    *started += 1;
+    if rng.random_ratio(1, 3) {
+        let (point, action) = DAEMON_POINTS[rng.random_range(0..DAEMON_POINTS.len())];
+        let armed = format!("{point}={action}");
+        match Daemon::try_launch(table, &["--no-compactor"], &[("FAILPOINTS", &armed)]) {
+            Ok(d) => return (d, Some(point)),
+            Err(status) => {
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(status.signal(), Some(6), "{point}: {status}");
+                *hits.entry(point).or_default() += 1;
+                *started += 1;
+            }
+        }
+    }
+    (Daemon::start(table, &[]), None)
+}
+
+/// Runs a `memwal` command, with a crash point armed; whether it aborted
+/// there (otherwise it must succeed).
+fn cli_armed(args: &[&str], point: Option<(&str, &str)>, replay: &str) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memwal"));
+    cmd.args(args);
+    if let Some((p, action)) = point {
+        cmd.env("FAILPOINTS", format!("{p}={action}"));
+    }
+    let out = cmd.output().unwrap();
+    if out.status.signal() == Some(6) && point.is_some() {
+        return true;
+    }
+    assert!(
+        out.status.success(),
+        "memwal {args:?}: {} ({replay})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    false
 }
 
 /// Waits until `n` acknowledgements were recorded or `client` ended.
@@ -307,15 +374,14 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
     let flushes = Arc::new(AtomicU64::new(0));
     let mut stats = Stats::default();
     let mut started = 0u32;
-    let start = |started: &mut u32| {
-        *started += 1;
-        Daemon::start(&table, &[])
-    };
+    let mut hits: BTreeMap<&'static str, u64> = BTreeMap::new();
 
     // Every bucket gets its shard before any zombie exists: two daemons
     // each creating a shard for the same bucket is outside what this run
     // checks (split tables use --shards).
-    let mut current = start(&mut started);
+    started += 1;
+    let mut current = Daemon::start(&table, &[]);
+    let mut armed: Option<&'static str> = None;
     let mut c = client(&current.flight, None).await;
     let warm: Vec<i64> = (0..KEYS).collect();
     put(&mut c, &["t"], vec![rows(&warm, "warm")])
@@ -351,7 +417,8 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
             stats.zombies += 1;
             signal(&current, "-STOP");
             let paused_at = history.seq.load(Ordering::SeqCst);
-            let successor = start(&mut started);
+            let (successor, successor_armed) =
+                start_daemon(&table, &mut started, &mut rng, &mut hits);
             client_run(
                 successor.flight.clone(),
                 started,
@@ -383,25 +450,44 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
                     o.daemon == zombie && o.outcome == Outcome::Acked && o.seq + 1 >= paused_at
                 })
                 .count() as u64;
-            kill(std::mem::replace(&mut current, successor));
+            if kill(std::mem::replace(&mut current, successor)) {
+                *hits.entry(armed.unwrap_or("?")).or_default() += 1;
+            }
+            armed = successor_armed;
         } else {
-            kill(current);
+            if kill(current) {
+                *hits.entry(armed.unwrap_or("?")).or_default() += 1;
+            }
             let _ = client.await;
-            current = start(&mut started);
+            (current, armed) = start_daemon(&table, &mut started, &mut rng, &mut hits);
         }
         stats.kills += 1;
         if rng.random_ratio(1, 4) {
-            let (ok, out, err) = memwal(&["compact", &table]);
-            assert!(ok, "compact: {out} {err} ({replay})");
+            let point = rng
+                .random_ratio(1, 2)
+                .then(|| COMPACT_POINTS[rng.random_range(0..COMPACT_POINTS.len())]);
+            if cli_armed(&["compact", &table], point, &replay) {
+                *hits.entry(point.unwrap().0).or_default() += 1;
+            }
             stats.compactions += 1;
         }
         if rng.random_ratio(1, 8) {
-            let (ok, out, err) = memwal(&["gc", &table, "--grace", "0"]);
-            assert!(ok, "gc: {out} {err} ({replay})");
+            let point = rng.random_ratio(1, 2).then_some(GC_POINT);
+            if cli_armed(&["gc", &table, "--grace", "0"], point, &replay) {
+                *hits.entry(GC_POINT.0).or_default() += 1;
+            }
             stats.gcs += 1;
         }
     }
+    // The last daemon may be armed: replace it by an unarmed one that
+    // replays and flushes everything on SIGTERM.
+    if kill(current) {
+        *hits.entry(armed.unwrap_or("?")).or_default() += 1;
+    }
+    started += 1;
+    let current = Daemon::start(&table, &[]);
     signal(&current, "-TERM");
+    let mut current = current;
     assert!(current.child.wait().unwrap().success(), "{replay}");
     stats.flushes = flushes.load(Ordering::Relaxed);
 
@@ -419,7 +505,7 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
     eprintln!(
         "chaos: {} iterations, {} kills ({} as zombies, {} zombie acks around or after the pause), {} daemons, \
          {} writes ({} acked, {} unknown, {} refused), {} flushes, {} compactions, {} gcs; \
-         invariants {}",
+         crash points hit {:?}; invariants {}",
         stats.iterations,
         stats.kills,
         stats.zombies,
@@ -432,6 +518,7 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
         stats.flushes,
         stats.compactions,
         stats.gcs,
+        hits,
         if errors.is_empty() {
             "held"
         } else {

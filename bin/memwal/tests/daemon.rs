@@ -22,17 +22,7 @@ use common::*;
 async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&[
-        "init",
-        &table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
-    assert!(ok, "{err}");
+    init_bucket_table(&table);
     let mut model = BTreeMap::new();
 
     let d = Daemon::start(&table, &["--token", "s3cret"]);
@@ -274,17 +264,7 @@ async fn pyarrow_flight_client_writes_through_the_daemon() {
     };
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&[
-        "init",
-        &table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
-    assert!(ok, "{err}");
+    init_bucket_table(&table);
     let d = Daemon::start(&table, &[]);
     let out = run_python(&python, "flight_put.py", &[&d.flight, "t"]);
     let acks: Vec<serde_json::Value> = out
@@ -335,17 +315,7 @@ async fn pyarrow_flight_client_writes_through_the_daemon() {
 async fn sigkill_loses_nothing_and_a_taken_over_daemon_refuses() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&[
-        "init",
-        &table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
-    assert!(ok, "{err}");
+    init_bucket_table(&table);
     let mut model = BTreeMap::new();
     let mut d = Daemon::start(&table, &[]);
     let mut c = client(&d.flight, None).await;
@@ -394,17 +364,7 @@ async fn sigkill_loses_nothing_and_a_taken_over_daemon_refuses() {
 async fn memwal_load_writes_what_it_reports() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&[
-        "init",
-        &table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
-    assert!(ok, "{err}");
+    init_bucket_table(&table);
     let d = Daemon::start(&table, &[]);
     let (ok, out, err) = memwal(&[
         "load",

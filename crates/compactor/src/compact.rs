@@ -212,6 +212,7 @@ impl Compactor {
                     .await;
                 match result {
                     Ok((ds, merged)) => {
+                        memwal_store::crash_point("compactor::after_commit");
                         base = ds;
                         compacted = last;
                         report.merged.extend(group.iter().map(|s| s.generation));

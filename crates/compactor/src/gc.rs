@@ -487,6 +487,7 @@ async fn collect_shard(
 
 /// Deletes `path`; an object already gone counts as deleted.
 async fn delete_object(loc: &StoreLocation, path: &Path) -> Result<()> {
+    memwal_store::crash_point("gc::mid");
     match loc.store.delete(path).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
         Err(source) => Err(CompactorError::Store {

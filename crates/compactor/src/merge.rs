@@ -402,6 +402,7 @@ pub(crate) async fn merge_sstables(
             .map_err(CompactorError::lance(uri, "planning the delete pass"))?;
         let (next, _) = job.execute(source).await.map_err(Attempt::Commit)?;
         ds = next;
+        memwal_store::crash_point("compactor::between_passes");
         merged.tombstones = tombstones;
         merged.commits += 1;
     }

@@ -18,6 +18,27 @@ impl ShardId {
         Self(Uuid::new_v4())
     }
 
+    /// The shard id memwal gives the shard of sharding spec `spec_id` with
+    /// shard field values `values` (field id -> encoded value): the same for
+    /// every process that computes it, distinct for distinct specs or
+    /// values (a name-based v5 UUID). Writers that create a bucket's shard
+    /// at the same time therefore create the same shard, and fencing
+    /// settles which of them writes, instead of splitting the bucket over
+    /// two shards.
+    pub fn for_values(spec_id: u32, values: &std::collections::BTreeMap<String, Vec<u8>>) -> Self {
+        /// memwal's namespace for shard ids (a fixed random UUID).
+        const NAMESPACE: Uuid = Uuid::from_u128(0x6d65_6d77_616c_4a5e_8b1f_5c0e_2a9d_7f31);
+        let mut name = Vec::new();
+        name.extend_from_slice(&spec_id.to_le_bytes());
+        for (field, value) in values {
+            for part in [field.as_bytes(), value.as_slice()] {
+                name.extend_from_slice(&(part.len() as u64).to_le_bytes());
+                name.extend_from_slice(part);
+            }
+        }
+        Self(Uuid::new_v5(&NAMESPACE, &name))
+    }
+
     /// Parses a UUID in any of its standard text forms.
     pub fn parse(input: &str) -> Result<Self, FencingError> {
         Uuid::parse_str(input.trim())
@@ -107,6 +128,29 @@ impl ShardIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Breaks if the id of a bucket's shard is not stable across calls (two
+    // daemons would create two shards for one bucket) or collides across
+    // values, specs or field names.
+    #[test]
+    fn value_derived_ids_are_stable_and_distinct() {
+        let key = |f: &str, v: i32| -> std::collections::BTreeMap<String, Vec<u8>> {
+            [(f.to_string(), v.to_le_bytes().to_vec())].into()
+        };
+        assert_eq!(
+            ShardId::for_values(1, &key("bucket", 3)),
+            ShardId::for_values(1, &key("bucket", 3))
+        );
+        let ids = [
+            ShardId::for_values(1, &key("bucket", 3)),
+            ShardId::for_values(1, &key("bucket", 2)),
+            ShardId::for_values(2, &key("bucket", 3)),
+            ShardId::for_values(1, &key("b", 3)),
+            ShardId::for_values(1, &Default::default()),
+        ];
+        let distinct: std::collections::BTreeSet<_> = ids.iter().map(|i| i.to_string()).collect();
+        assert_eq!(distinct.len(), ids.len(), "{ids:?}");
+    }
 
     // Breaks if non-UUID ids are accepted (they would create bogus directories).
     #[test]

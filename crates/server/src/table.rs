@@ -339,7 +339,10 @@ impl TableHost {
                 });
             }
         }
-        let w = Arc::new(self.open_writer(ShardId::random(), key).await?);
+        // The id follows from the values: a peer creating this bucket's
+        // shard at the same time creates the same one (and fencing decides).
+        let shard = ShardId::for_values(self.spec_id, key);
+        let w = Arc::new(self.open_writer(shard, key).await?);
         slots.insert(key.clone(), Slot::Live(w.clone()));
         Ok(w)
     }

@@ -261,3 +261,30 @@ async fn an_oversized_put_is_invalid_and_the_table_keeps_serving() {
     assert!(!parts.is_empty());
     host.close().await.unwrap();
 }
+
+// Breaks if two daemons that both meet a bucket for the first time create
+// two shards for it (the bucket's rows would be split over shards no single
+// writer orders); they must create the same shard, the later claim fencing
+// the earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hosts_creating_a_buckets_shard_create_the_same_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let a = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let b = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let ids: Vec<i64> = (0..40).collect();
+    assert_eq!(a.write(&rows(&ids), false).await.unwrap().len(), 4);
+    assert_eq!(b.write(&rows(&ids), false).await.unwrap().len(), 4);
+    assert_eq!(memwal_compactor::list_shards(&loc).await.unwrap().len(), 4);
+    let e = a.write(&rows(&ids), false).await.unwrap_err();
+    assert_eq!(
+        tonic::Status::from(e).code(),
+        tonic::Code::FailedPrecondition
+    );
+    b.close().await.unwrap();
+    a.close().await.unwrap();
+}

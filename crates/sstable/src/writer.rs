@@ -114,6 +114,7 @@ impl SsTableWriter {
             self.storage_version,
         )
         .await?;
+        memwal_store::crash_point("sstable::before_sidecars");
 
         let key_names = schema.key_names();
         let bloom = build_filter(

@@ -221,12 +221,14 @@ impl CommitTask {
             generation
         );
         let started = Instant::now();
+        memwal_store::crash_point("wal::before_put");
         let result = self.put(&mut inflight, bytes).instrument(span).await;
         self.meters
             .put_seconds
             .record(started.elapsed().as_secs_f64());
         match result {
             Ok(position) => {
+                memwal_store::crash_point("wal::after_put");
                 self.shared.durable.store(position, Ordering::SeqCst);
                 inflight.ack(generation);
                 self.meters.entries.increment(1);

@@ -306,6 +306,7 @@ async fn publish_in_order(
                 .as_ref()
                 .map_or(last_position, |a| a.last_durable_position())
         };
+        memwal_store::crash_point("writer::before_publish");
         match inner
             .ctx
             .publish(generation, Some(written), last_position, last_seen, true)

@@ -240,6 +240,7 @@ async fn replay_wal(
         if current.as_ref().is_some_and(|c| c.generation != generation) {
             let done = current.take().expect("checked");
             *manifest = publish_replayed(ctx, config, done, sentinel).await?;
+            memwal_store::crash_point("writer::mid_replay");
             *publishes += 1;
         }
         let rebuild = current.get_or_insert_with(|| Rebuild {
@@ -286,6 +287,7 @@ async fn replay_wal(
     }
     if let Some(done) = current {
         *manifest = publish_replayed(ctx, config, done, sentinel).await?;
+        memwal_store::crash_point("writer::mid_replay");
         *publishes += 1;
     }
     Ok(())

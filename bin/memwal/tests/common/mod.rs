@@ -41,10 +41,22 @@ impl Daemon {
 
     /// A daemon serving `table` as `t` with `args` after the addresses.
     pub fn launch(table: &str, args: &[&str]) -> Self {
+        Self::try_launch(table, args, &[]).expect("daemon ended before serving")
+    }
+
+    /// [`Daemon::launch`] with extra environment; `Err` with the exit
+    /// status when the daemon ends before serving (a crash point hit while
+    /// opening, say).
+    pub fn try_launch(
+        table: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, std::process::ExitStatus> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
             .args(["serve", "--table", &format!("t={table}")])
             .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
             .args(args)
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start memwal serve");
@@ -54,7 +66,7 @@ impl Daemon {
             match lines.next() {
                 Some(Ok(l)) if l.contains("serving") => break l,
                 Some(Ok(_)) => continue,
-                other => panic!("daemon ended before serving: {other:?}"),
+                _ => return Err(child.wait().expect("wait for the daemon")),
             }
         };
         // Keep draining stderr so the daemon never blocks on it.
@@ -70,11 +82,11 @@ impl Daemon {
         } else {
             addr("grpc://")
         };
-        Self {
+        Ok(Self {
             flight,
             http: addr("http://"),
             child,
-        }
+        })
     }
 
     /// SIGTERM, then the exit status.

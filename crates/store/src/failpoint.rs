@@ -1,0 +1,37 @@
+//! Named crash points on the write path, for the chaos tests.
+//!
+//! Compiled in only with the `failpoints` feature (which the process-level
+//! tests enable); without it [`crash_point`] is an empty inline function.
+//! With it, points are armed through the `FAILPOINTS` environment variable
+//! read by [`failpoints_from_env`] at process start (the `fail` crate's
+//! syntax: `wal::after_put=10%return;writer::before_publish=sleep(2000)`):
+//! `return` aborts the process on the spot (as a crash or SIGKILL would),
+//! `sleep(MS)` pauses the calling thread, `off` disarms.
+//!
+//! Points: `wal::before_put`, `wal::after_put` (durable, not yet
+//! acknowledged), `sstable::before_sidecars` (data written, bloom filter
+//! and key index not), `writer::before_publish` (SSTable complete, manifest
+//! not updated), `writer::mid_replay` (a replayed generation published,
+//! the rest of the WAL not), `compactor::between_passes` (delete pass
+//! committed, upsert pass not), `compactor::after_commit` (base committed,
+//! the writer has not pruned), `gc::mid` (some objects deleted, not all).
+
+/// Passes the named point: with `failpoints` compiled in and the point
+/// armed, aborts the process (`return`) or pauses (`sleep`).
+#[inline(always)]
+pub fn crash_point(name: &str) {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(name, |_| {
+        eprintln!("memwal: failpoint {name}: aborting");
+        std::process::abort()
+    });
+    #[cfg(not(feature = "failpoints"))]
+    let _ = name;
+}
+
+/// Arms the points `FAILPOINTS` names, for the rest of the process (no-op
+/// without the `failpoints` feature). Call once, at start.
+pub fn failpoints_from_env() {
+    #[cfg(feature = "failpoints")]
+    std::mem::forget(fail::FailScenario::setup());
+}
