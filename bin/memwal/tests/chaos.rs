@@ -1,7 +1,9 @@
 //! Process chaos: `memwal serve` daemons SIGKILLed at random moments while a
 //! client writes known values, sometimes paused instead (SIGSTOP, a
 //! successor takes over, then SIGCONT: a zombie), with `memwal compact` and
-//! `memwal gc --grace 0` run in between. At the end the reader view (base +
+//! `memwal gc --grace 0` run in between, a third of the daemons and half of
+//! those runs armed with a random crash point (`memwal_store::crash_point`,
+//! `FAILPOINTS`) that aborts the process there. At the end the reader view (base +
 //! SSTables through upstream's `LsmScanner`), and the base after a final
 //! compaction, must agree with every acknowledgement:
 //!
