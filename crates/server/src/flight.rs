@@ -325,14 +325,8 @@ async fn ingest(
             continue;
         };
         batches += 1;
-        let started = std::time::Instant::now();
-        let result = table.write(&batch, delete).await;
-        metrics::histogram!("memwal_server_put_seconds", "table" => table.name().to_string())
-            .record(started.elapsed().as_secs_f64());
-        let reply = match result {
+        let reply = match table.write(&batch, delete).await {
             Ok(parts) => {
-                metrics::counter!("memwal_server_rows_total", "table" => table.name().to_string())
-                    .increment(batch.num_rows() as u64);
                 let request_id = serde_json::from_slice::<serde_json::Value>(&app_metadata)
                     .ok()
                     .and_then(|v| v.get("request_id").cloned());

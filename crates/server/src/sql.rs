@@ -173,11 +173,7 @@ pub(crate) async fn ingest(
                 return;
             }
         };
-        let started = std::time::Instant::now();
-        let result = table.write(&batch, false).await;
-        metrics::histogram!("memwal_server_put_seconds", "table" => table.name().to_string())
-            .record(started.elapsed().as_secs_f64());
-        if let Err(e) = result {
+        if let Err(e) = table.write(&batch, false).await {
             let status = Status::from(e);
             let status = Status::new(
                 status.code(),
@@ -186,8 +182,6 @@ pub(crate) async fn ingest(
             let _ = tx.send(Err(status)).await;
             return;
         }
-        metrics::counter!("memwal_server_rows_total", "table" => table.name().to_string())
-            .increment(batch.num_rows() as u64);
         rows += batch.num_rows() as i64;
         batches += 1;
     }

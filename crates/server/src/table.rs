@@ -90,8 +90,8 @@ pub struct TableHost {
 /// A configured subset of a bucket-sharded table's shards.
 struct Owned {
     keys: std::collections::BTreeSet<ShardKey>,
-    /// Bucket number of each key, for messages.
-    bucket: HashMap<ShardKey, u32>,
+    /// The owned bucket numbers (sorted), for messages.
+    buckets: Vec<u32>,
 }
 
 /// The shard keys of `buckets` under a one-field `bucket` spec.
@@ -113,19 +113,19 @@ fn bucket_keys(spec: &memwal_proto::ShardingSpec, buckets: &[u32]) -> Result<Own
         .get("num_buckets")
         .and_then(|n| n.parse().ok())
         .ok_or("the bucket spec has no valid `num_buckets`")?;
-    let mut owned = Owned {
-        keys: Default::default(),
-        bucket: HashMap::new(),
-    };
-    for &b in buckets {
-        if b >= n {
-            return Err(format!("bucket {b} does not exist (the table has {n})"));
-        }
-        let key: ShardKey = [(field.field_id.clone(), (b as i32).to_le_bytes().to_vec())].into();
-        owned.keys.insert(key.clone());
-        owned.bucket.insert(key, b);
+    if let Some(b) = buckets.iter().find(|&&b| b >= n) {
+        return Err(format!("bucket {b} does not exist (the table has {n})"));
     }
-    Ok(owned)
+    let mut sorted = buckets.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    Ok(Owned {
+        keys: sorted
+            .iter()
+            .map(|&b| [(field.field_id.clone(), (b as i32).to_le_bytes().to_vec())].into())
+            .collect(),
+        buckets: sorted,
+    })
 }
 
 impl std::fmt::Debug for TableHost {
@@ -323,19 +323,12 @@ impl TableHost {
         }
         if let Some(owned) = &self.owned {
             if !owned.keys.contains(key) {
-                let bucket = key.values().next().map_or(0, |v| {
-                    i32::from_le_bytes(v.as_slice().try_into().unwrap_or_default())
-                });
+                let values: Vec<String> =
+                    key.iter().map(|(k, v)| format!("{k}={}", hex(v))).collect();
                 return Err(ServerError::ServedElsewhere {
                     table: self.name.clone(),
-                    shard: format!("of bucket {bucket}"),
-                    reason: format!(
-                        "this daemon owns buckets {:?} only",
-                        owned
-                            .bucket
-                            .values()
-                            .collect::<std::collections::BTreeSet<_>>()
-                    ),
+                    shard: format!("of {}", values.join(",")),
+                    reason: format!("this daemon owns buckets {:?} only", owned.buckets),
                 });
             }
         }
@@ -392,21 +385,40 @@ impl TableHost {
         batch: &RecordBatch,
         delete: bool,
     ) -> Result<Vec<PartAck>, ServerError> {
+        let started = std::time::Instant::now();
+        let result = self.write_parts(batch, delete).await;
+        metrics::histogram!("memwal_server_put_seconds", "table" => self.name.clone())
+            .record(started.elapsed().as_secs_f64());
+        if result.is_ok() {
+            metrics::counter!("memwal_server_rows_total", "table" => self.name.clone())
+                .increment(batch.num_rows() as u64);
+        }
+        result
+    }
+
+    async fn write_parts(
+        &self,
+        batch: &RecordBatch,
+        delete: bool,
+    ) -> Result<Vec<PartAck>, ServerError> {
         self.check_schema(batch, delete)?;
         if batch.num_rows() == 0 {
             return Ok(Vec::new());
         }
         // Null keys, nulls in non-nullable columns: refused for the whole
-        // batch before any part reaches a shard.
-        let checked = if delete {
-            self.validator.tombstone_batch(batch)
-        } else {
-            self.validator.to_storage(batch)
-        };
-        checked.map_err(|e| ServerError::InvalidInput {
-            table: self.name.clone(),
-            reason: e.to_string(),
-        })?;
+        // batch before any part reaches a shard. (Unsharded: one part, and
+        // its writer refuses it whole.)
+        if self.router.is_some() {
+            let checked = if delete {
+                self.validator.tombstone_batch(batch)
+            } else {
+                self.validator.to_storage(batch)
+            };
+            checked.map_err(|e| ServerError::InvalidInput {
+                table: self.name.clone(),
+                reason: e.to_string(),
+            })?;
+        }
         let parts: Vec<(ShardKey, RecordBatch)> = match &self.router {
             None => vec![(ShardKey::new(), batch.clone())],
             Some((rows, keys)) => {
