@@ -31,7 +31,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::RecordBatch;
 use arrow_flight::FlightClient;
 use futures::TryStreamExt;
-use lance::dataset::mem_wal::{LsmScanner, ShardSnapshot};
+use lance::dataset::mem_wal::LsmScanner;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -266,19 +266,7 @@ async fn view_rows(table: &str) -> (BTreeMap<i64, String>, Vec<i64>) {
     let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
         .await
         .unwrap();
-    let snapshots: Vec<ShardSnapshot> = view
-        .shards
-        .iter()
-        .map(|s| {
-            let mut snap = ShardSnapshot::new(s.shard.uuid())
-                .with_spec_id(s.spec_id)
-                .with_current_generation(s.current_generation);
-            for t in &s.sstables {
-                snap = snap.with_sstable(t.generation, t.path.clone());
-            }
-            snap
-        })
-        .collect();
+    let snapshots = view.snapshots();
     let base = lance::Dataset::open(table).await.unwrap();
     let base = Arc::new(
         base.checkout_version(view.base.version().version)

@@ -44,6 +44,25 @@ pub struct TableView {
     pub shards: Vec<ShardView>,
 }
 
+impl TableView {
+    /// The view's shards as upstream's `LsmScanner` takes them: each with
+    /// its spec, current generation and exactly the SSTables to read.
+    pub fn snapshots(&self) -> Vec<lance::dataset::mem_wal::ShardSnapshot> {
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut snap = lance::dataset::mem_wal::ShardSnapshot::new(s.shard.uuid())
+                    .with_spec_id(s.spec_id)
+                    .with_current_generation(s.current_generation);
+                for t in &s.sstables {
+                    snap = snap.with_sstable(t.generation, t.path.clone());
+                }
+                snap
+            })
+            .collect()
+    }
+}
+
 /// Generations of `shard` a reader must not read from SSTables: what the
 /// base holds, or for an index-served read what the index has caught up to
 /// (absent: nothing), never above what the base holds.

@@ -9,7 +9,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use futures::TryStreamExt;
-use lance::dataset::mem_wal::{LsmScanner, ShardSnapshot};
+use lance::dataset::mem_wal::LsmScanner;
 use lance::Dataset;
 use memwal::{ShardId, ShardWriter, ShardWriterConfig, ShardingConfig, StoreLocation};
 use memwal_compactor::{create_table, table_view, Compactor, CompactorConfig, TableSharding};
@@ -164,19 +164,7 @@ impl Fixture {
     /// Reads `view` (possibly taken earlier) through upstream's LsmScanner
     /// at the base version it names.
     pub async fn read_view(&self, view: &memwal_compactor::TableView) -> (Model, Vec<i64>) {
-        let snapshots: Vec<ShardSnapshot> = view
-            .shards
-            .iter()
-            .map(|s| {
-                let mut snap = ShardSnapshot::new(s.shard.uuid())
-                    .with_spec_id(s.spec_id)
-                    .with_current_generation(s.current_generation);
-                for t in &s.sstables {
-                    snap = snap.with_sstable(t.generation, t.path.clone());
-                }
-                snap
-            })
-            .collect();
+        let snapshots = view.snapshots();
         // Upstream reads through its own store: the base opened by path,
         // at the view's version.
         let base = Dataset::open(&self.path).await.unwrap();
