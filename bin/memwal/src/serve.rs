@@ -69,6 +69,10 @@ const MAX_FLIGHT_MESSAGE_BYTES: usize = 256 << 20;
 /// row).
 pub async fn serve(args: ServeArgs) -> Result<String, String> {
     let args = crate::config::resolve(&args)?;
+    // Before anything else: a signal that arrives while tables open is held
+    // and stops the daemon gracefully once they are open (instead of the
+    // default action killing it without a flush).
+    let mut signals = Signals::install()?;
     let (mut server, scheme) = flight_server(&args)?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
@@ -168,10 +172,10 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         );
     let flight_task = tokio::spawn(flight);
 
-    shutdown_signal().await;
+    signals.next().await;
     eprintln!("memwal: stopping (a second signal exits at once)");
-    tokio::spawn(async {
-        shutdown_signal().await;
+    tokio::spawn(async move {
+        signals.next().await;
         eprintln!("memwal: second signal, exiting now; the WAL keeps every acknowledged row");
         std::process::exit(130);
     });
@@ -228,11 +232,29 @@ fn flight_server(
     Ok((server, "grpc+tls"))
 }
 
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+/// SIGTERM and SIGINT, handled by the daemon from the moment it starts.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, String> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let handler = |kind: SignalKind, name: &str| {
+            signal(kind).map_err(|e| format!("installing the {name} handler: {e}"))
+        };
+        Ok(Self {
+            term: handler(SignalKind::terminate(), "SIGTERM")?,
+            int: handler(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT (including one delivered before the call).
+    async fn next(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }

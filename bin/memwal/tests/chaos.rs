@@ -5,16 +5,15 @@
 //! those runs armed with a random crash point (`memwal_store::crash_point`,
 //! `FAILPOINTS`) that aborts the process there. At the end the reader view (base +
 //! SSTables through upstream's `LsmScanner`), and the base after a final
-//! compaction, must agree with every acknowledgement:
+//! compaction, must agree with every acknowledgement: the four invariants
+//! of `memwal_testkit::invariants` (acknowledged writes visible with the
+//! newest value, no duplicates or unsent values, unknown outcomes at most
+//! once and never older than an ack, refused writes absent and a zombie's
+//! acks durable).
 //!
-//! 1. every acknowledged put is visible with the newest acknowledged value of
-//!    its key, every acknowledged delete holds (unless a later write whose
-//!    outcome is unknown overwrote it);
-//! 2. no key appears twice, and no value appears that no client sent;
-//! 3. a write whose outcome was unknown is present at most once (it may
-//!    only be the final value if it is newer than the newest ack);
-//! 4. a write refused (FAILED_PRECONDITION: fenced) is absent, and whatever
-//!    a zombie acknowledged is durable.
+//! Each invariant's check is also run against a daemon deliberately broken
+//! in a way only that check catches (`memwal_store::broken`):
+//! `each_broken_daemon_is_caught`.
 //!
 //! `MEMWAL_CHAOS_KILLS` sets the number of kill iterations (default 200),
 //! `MEMWAL_CHAOS_SEED` replays a run; a failure prints both.
@@ -36,29 +35,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use common::*;
+use memwal_testkit::invariants::{check, Op, Outcome, View, Violation};
 
 /// Keys written (over all four buckets).
 const KEYS: i64 = 64;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    Acked,
-    /// Definitely not applied (fenced, served elsewhere).
-    Refused,
-    /// The daemon died or the connection broke before an answer.
-    Unknown,
-}
-
-#[derive(Debug, Clone)]
-struct Op {
-    seq: u64,
-    key: i64,
-    /// `None`: a delete.
-    value: Option<String>,
-    outcome: Outcome,
-    /// Which daemon (by start number) was asked.
-    daemon: u32,
-}
 
 #[derive(Default)]
 struct Stats {
@@ -156,7 +136,7 @@ async fn client_run(
             key,
             value,
             outcome,
-            daemon,
+            writer: daemon,
         });
         if r.is_err() {
             return;
@@ -260,8 +240,8 @@ async fn acks_reach(history: &History, n: u64, client: &tokio::task::JoinHandle<
 }
 
 /// The reader view: base plus every shard's SSTables above its compacted
-/// generation, through upstream's `LsmScanner` (key -> value, duplicates).
-async fn view_rows(table: &str) -> (BTreeMap<i64, String>, Vec<i64>) {
+/// generation, through upstream's `LsmScanner`.
+async fn view_rows(table: &str) -> View {
     let loc = memwal_store::open_store(table).unwrap();
     let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
         .await
@@ -280,67 +260,45 @@ async fn view_rows(table: &str) -> (BTreeMap<i64, String>, Vec<i64>) {
     rows_of(&[batch])
 }
 
-fn rows_of(batches: &[RecordBatch]) -> (BTreeMap<i64, String>, Vec<i64>) {
-    let mut out = BTreeMap::new();
-    let mut dups = Vec::new();
+/// The base table's rows (duplicates kept, unlike `base_rows`).
+async fn base_view(table: &str) -> View {
+    let ds = lance::Dataset::open(table).await.unwrap();
+    let batches: Vec<RecordBatch> = ds
+        .scan()
+        .try_into_stream()
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    rows_of(&batches)
+}
+
+fn rows_of(batches: &[RecordBatch]) -> View {
+    let mut out = View::default();
     for b in batches {
         let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
         let vs = b.column_by_name("v").unwrap().as_string::<i32>();
         for i in 0..b.num_rows() {
-            if out.insert(ids.value(i), vs.value(i).to_string()).is_some() {
-                dups.push(ids.value(i));
-            }
+            out.push(ids.value(i), vs.value(i).to_string());
         }
     }
-    (out, dups)
+    out
 }
 
-/// Checks invariants 1-4 of `got` against the history.
-fn check(got: &(BTreeMap<i64, String>, Vec<i64>), ops: &[Op], what: &str) -> Vec<String> {
-    let mut errors = Vec::new();
-    if !got.1.is_empty() {
-        errors.push(format!("{what}: keys appear twice: {:?}", got.1));
-    }
-    for key in got.0.keys() {
-        if !(0..KEYS).contains(key) {
-            errors.push(format!("{what}: key {key} was never written"));
-        }
-    }
-    for key in 0..KEYS {
-        let mut mine: Vec<&Op> = ops.iter().filter(|o| o.key == key).collect();
-        mine.sort_by_key(|o| o.seq);
-        let last_ack = mine.iter().rposition(|o| o.outcome == Outcome::Acked);
-        let (base, later) = match last_ack {
-            Some(i) => (mine[i].value.clone(), &mine[i + 1..]),
-            None => (None, &mine[..]),
-        };
-        let mut allowed = vec![base];
-        allowed.extend(
-            later
-                .iter()
-                .filter(|o| o.outcome == Outcome::Unknown)
-                .map(|o| o.value.clone()),
-        );
-        let have = got.0.get(&key).cloned();
-        if !allowed.contains(&have) {
-            let trail: Vec<String> = mine
-                .iter()
-                .map(|o| format!("#{} d{} {:?} {:?}", o.seq, o.daemon, o.value, o.outcome))
-                .collect();
-            errors.push(format!(
-                "{what}: key {key} is {have:?}, allowed {allowed:?}; history: {}",
-                trail.join(", ")
-            ));
-        }
-    }
-    errors
+/// The violations of `got`, labelled with what was read.
+fn violations(got: &View, ops: &[Op], what: &str) -> Vec<String> {
+    check(got, ops, 0..KEYS)
+        .iter()
+        .map(|v| format!("{what}: invariant {}: {v}", v.invariant()))
+        .collect()
 }
 
 // Breaks if a SIGKILLed or paused-then-resumed daemon ever loses an
 // acknowledged write, applies a refused one, duplicates a row, or lets a
 // zombie acknowledge something that is not durable, with compaction and GC
 // running in between (see the module docs for the four invariants). A
-// deliberately broken variant of each check: `check_catches_each_violation`.
+// deliberately broken variant of each check: `each_broken_daemon_is_caught`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
     let kills: u64 = std::env::var("MEMWAL_CHAOS_KILLS")
@@ -384,7 +342,7 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
             key,
             value: Some(format!("warm-{key}")),
             outcome: Outcome::Acked,
-            daemon: started,
+            writer: started,
         });
     }
 
@@ -437,7 +395,7 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
                 .unwrap()
                 .iter()
                 .filter(|o| {
-                    o.daemon == zombie && o.outcome == Outcome::Acked && o.seq + 1 >= paused_at
+                    o.writer == zombie && o.outcome == Outcome::Acked && o.seq + 1 >= paused_at
                 })
                 .count() as u64;
             if kill(std::mem::replace(&mut current, successor)) {
@@ -483,13 +441,13 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
 
     let ops = history.ops.lock().unwrap().clone();
     let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
-    let mut errors = check(&view_rows(&table).await, &ops, "reader view");
+    let mut errors = violations(&view_rows(&table).await, &ops, "reader view");
     let (ok, out, err) = memwal(&["compact", &table]);
     assert!(ok, "{out} {err}");
-    let base = base_rows(&table).await;
-    errors.extend(check(&(base.clone(), Vec::new()), &ops, "base"));
+    let base = base_view(&table).await;
+    errors.extend(violations(&base, &ops, "base"));
     let view = view_rows(&table).await;
-    if view.0 != base {
+    if view.rows != base.rows {
         errors.push("the view after the final compaction differs from the base".into());
     }
     eprintln!(
@@ -523,55 +481,188 @@ async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
     );
 }
 
-// The checker is the test's only judge: each invariant's violation must be
-// reported. Breaks if `check` accepts a lost ack, a refused write applied,
-// a duplicate key, a value nobody sent, or an unknown write older than the
-// newest ack.
-#[test]
-fn check_catches_each_violation() {
-    let op = |seq, key, value: Option<&str>, outcome| Op {
-        seq,
-        key,
-        value: value.map(String::from),
-        outcome,
-        daemon: 1,
-    };
-    let ops = vec![
-        op(0, 1, Some("a"), Outcome::Acked),
-        op(1, 1, Some("b"), Outcome::Unknown),
-        op(2, 2, Some("c"), Outcome::Acked),
-        op(3, 2, Some("d"), Outcome::Refused),
-        op(4, 3, Some("e"), Outcome::Unknown),
-        op(5, 3, None, Outcome::Acked),
-    ];
-    let state = |pairs: &[(i64, &str)], dups: Vec<i64>| {
-        (
-            pairs
-                .iter()
-                .map(|(k, v)| (*k, v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-            dups,
+/// One scripted run for `each_broken_daemon_is_caught`: the history and
+/// what was read at the end, with the behaviour `broken` switched on (or
+/// none: the same script must then hold every invariant).
+struct Script {
+    table: String,
+    _dir: tempfile::TempDir,
+    ops: Vec<Op>,
+}
+
+impl Script {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let table = dir.path().join("t").to_str().unwrap().to_string();
+        init_bucket_table(&table);
+        Self {
+            table,
+            _dir: dir,
+            ops: Vec::new(),
+        }
+    }
+
+    /// A daemon with `FAILPOINTS` set to `points` (empty: none).
+    fn daemon(&self, points: &str) -> Daemon {
+        Daemon::try_launch(&self.table, &["--no-compactor"], &[("FAILPOINTS", points)])
+            .expect("daemon ended before serving")
+    }
+
+    /// Puts `key = value` through `d` (writer `writer`) and records the outcome;
+    /// gives up waiting after `wait` (the outcome is then unknown).
+    async fn put(&mut self, d: &Daemon, writer: u32, key: i64, tag: &str, wait: u64) -> Outcome {
+        let mut c = client(&d.flight, None).await;
+        let r = tokio::time::timeout(
+            std::time::Duration::from_millis(wait),
+            put(&mut c, &["t"], vec![rows(&[key], tag)]),
         )
-    };
-    assert!(check(&state(&[(1, "a"), (2, "c")], vec![]), &ops, "ok").is_empty());
-    assert!(check(&state(&[(1, "b"), (2, "c")], vec![]), &ops, "ok").is_empty());
-    for (bad, why) in [
-        (state(&[(2, "c")], vec![]), "lost ack of key 1"),
-        (
-            state(&[(1, "a"), (2, "d")], vec![]),
-            "refused write applied",
-        ),
-        (state(&[(1, "a"), (2, "c")], vec![1]), "duplicate"),
-        (
-            state(&[(1, "a"), (2, "c"), (99, "z")], vec![]),
-            "never written",
-        ),
-        (state(&[(1, "zz"), (2, "c")], vec![]), "value nobody sent"),
-        (
-            state(&[(1, "a"), (2, "c"), (3, "e")], vec![]),
-            "unknown older than ack",
-        ),
-    ] {
-        assert!(!check(&bad, &ops, why).is_empty(), "{why} not caught");
+        .await;
+        let outcome = match r {
+            Ok(Ok(_)) => Outcome::Acked,
+            Ok(Err(s)) => classify(&s),
+            Err(_) => Outcome::Unknown,
+        };
+        self.ops.push(Op {
+            seq: self.ops.len() as u64,
+            key,
+            value: Some(format!("{tag}-{key}")),
+            outcome,
+            writer,
+        });
+        outcome
+    }
+
+    async fn flush(&self, d: &Daemon) {
+        let mut c = client(&d.flight, None).await;
+        let r: Vec<_> = c
+            .do_action(arrow_flight::Action::new("flush", "t"))
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(r.len(), 1);
+    }
+
+    /// A clean daemon replays and flushes everything, then the reader view.
+    async fn settle(&self) -> View {
+        self.daemon("").stop_ok();
+        view_rows(&self.table).await
+    }
+}
+
+/// Invariant 1's bug: entries acknowledged before their PUT (which then
+/// lags); a SIGKILL in between loses an acked write.
+async fn script_ack_before_put(broken: bool) -> (Vec<Op>, View) {
+    let mut s = Script::new();
+    let d = s.daemon(if broken {
+        "broken::wal_ack_before_put=return"
+    } else {
+        ""
+    });
+    assert_eq!(s.put(&d, 1, 1, "a", 10_000).await, Outcome::Acked);
+    kill(d);
+    (s.ops.clone(), s.settle().await)
+}
+
+/// Invariant 4's bug: a lost put-if-not-exists taken for our own write, so
+/// a zombie writes "over" its successor's sentinel and acknowledges.
+async fn script_zombie_acks(broken: bool) -> (Vec<Op>, View) {
+    let mut s = Script::new();
+    let zombie = s.daemon(if broken {
+        "broken::wal_conflict_is_success=return"
+    } else {
+        ""
+    });
+    assert_eq!(s.put(&zombie, 1, 1, "a", 10_000).await, Outcome::Acked);
+    let successor = s.daemon("");
+    s.put(&zombie, 1, 1, "z", 10_000).await;
+    kill(zombie);
+    successor.stop_ok();
+    (s.ops.clone(), s.settle().await)
+}
+
+/// Invariant 3's bug: replay applying the WAL newest entry first, so an
+/// older write whose outcome was unknown beats a newer acknowledged one.
+async fn script_stale_unknown(broken: bool) -> (Vec<Op>, View) {
+    let mut s = Script::new();
+    // The first WAL PUT is held 1 s: its client gives up (unknown) while
+    // the entry still lands; the second write's entry queues behind it.
+    let d = s.daemon("wal::before_put=1*sleep(1000)");
+    assert_eq!(s.put(&d, 1, 1, "u", 200).await, Outcome::Unknown);
+    assert_eq!(s.put(&d, 1, 1, "b", 10_000).await, Outcome::Acked);
+    kill(d);
+    let replayer = s.daemon(if broken {
+        "broken::replay_reversed=return"
+    } else {
+        ""
+    });
+    replayer.stop_ok();
+    (s.ops.clone(), s.settle().await)
+}
+
+/// Invariant 2's bug: the compactor appending a keyed table's rows instead
+/// of upserting them, so an overwritten key appears twice in the base.
+async fn script_duplicate(broken: bool) -> (Vec<Op>, View) {
+    let mut s = Script::new();
+    let d = s.daemon("");
+    for tag in ["a", "b"] {
+        assert_eq!(s.put(&d, 1, 1, tag, 10_000).await, Outcome::Acked);
+        s.flush(&d).await;
+        let point = broken.then_some(("broken::compactor_upsert_appends", "return"));
+        assert!(!cli_armed(&["compact", &s.table], point, "scripted"));
+    }
+    d.stop_ok();
+    (s.ops.clone(), base_view(&s.table).await)
+}
+
+// The chaos run's checks are trusted only because each is seen failing:
+// every script runs twice, against sound daemons (no violation allowed)
+// and against daemons with one deliberate bug, which must be reported as
+// the invariant that bug breaks. Breaks if a check stops catching its bug,
+// or if a script stops provoking it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_broken_daemon_is_caught() {
+    for broken in [false, true] {
+        let cases = [
+            (
+                1,
+                "a write acked before its WAL PUT",
+                script_ack_before_put(broken).await,
+            ),
+            (
+                2,
+                "a keyed compaction by append",
+                script_duplicate(broken).await,
+            ),
+            (
+                3,
+                "replay newest entry first",
+                script_stale_unknown(broken).await,
+            ),
+            (
+                4,
+                "fencing off (a lost create taken as ours)",
+                script_zombie_acks(broken).await,
+            ),
+        ];
+        for (invariant, bug, (ops, view)) in cases {
+            let found = check(&view, &ops, 0..KEYS);
+            if !broken {
+                assert!(found.is_empty(), "sound daemons, {bug} script: {found:?}");
+                continue;
+            }
+            let named = |v: &Violation| match v {
+                // A lost ack is invariant 4 when its writer had been fenced
+                // (writer 1 of the zombie script).
+                Violation::LostAck { writer: 1, .. } if invariant == 4 => 4,
+                v => v.invariant(),
+            };
+            assert!(
+                found.iter().any(|v| named(v) == invariant),
+                "{bug}: invariant {invariant} not reported; found {found:?} (view {view:?}, ops {ops:?})"
+            );
+            eprintln!("broken: {bug}: caught: {}", found[0]);
+        }
     }
 }

@@ -600,3 +600,37 @@ async fn the_daemon_compacts_and_collects_garbage_by_itself() {
     assert_eq!(got.len(), 40);
     assert!(got.values().all(|v| v.starts_with("r2-")), "{got:?}");
 }
+
+// A SIGTERM that arrives while the daemon is still claiming and replaying
+// stops it gracefully once its tables are open (flushing what it
+// replayed), instead of the default action killing it. Breaks if the
+// signal handlers are installed only after the daemon starts serving.
+#[test]
+fn sigterm_while_opening_stops_gracefully() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["serve", "--table", &format!("t={table}"), "--no-compactor"])
+        .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let opening = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("opening tables"));
+    assert!(opening.is_some(), "no `opening tables` line");
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {rest:?}");
+    assert!(rest.iter().any(|l| l.contains("stopping")), "{rest:?}");
+}

@@ -29,6 +29,23 @@ pub fn crash_point(name: &str) {
     let _ = name;
 }
 
+/// Whether the deliberately broken behaviour `name` is switched on: each
+/// names a bug the chaos suite must catch (its checks are only trusted
+/// because each is seen failing against one). Always `false` without the
+/// `failpoints` feature; with it, only when `FAILPOINTS` arms `name` with
+/// `return`. Behaviours: `broken::wal_ack_before_put` (acknowledge an entry
+/// before its PUT, and delay the PUT), `broken::wal_conflict_is_success`
+/// (take a lost put-if-not-exists for our own write: no fencing),
+/// `broken::replay_reversed` (replay WAL entries newest first),
+/// `broken::compactor_upsert_appends` (compact a keyed table by appending).
+#[inline(always)]
+pub fn broken(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(name, |_| true);
+    let _ = name;
+    false
+}
+
 /// Arms the points `FAILPOINTS` names, for the rest of the process (no-op
 /// without the `failpoints` feature). Call once, at start.
 pub fn failpoints_from_env() {

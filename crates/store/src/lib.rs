@@ -21,7 +21,7 @@ mod uri;
 
 pub use classify::{http_status, is_sync_failure, is_transient};
 pub use error::{StoreError, StoreResult};
-pub use failpoint::{crash_point, failpoints_from_env};
+pub use failpoint::{broken, crash_point, failpoints_from_env};
 pub use object_store::{path::Path, ObjectStore};
 pub use ops::{create_object, object_exists, put_overwrite, read_object, CreateOutcome};
 pub use retry::RetryPolicy;

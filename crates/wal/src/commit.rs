@@ -222,6 +222,16 @@ impl CommitTask {
         );
         let started = Instant::now();
         memwal_store::crash_point("wal::before_put");
+        if memwal_store::broken("broken::wal_ack_before_put") {
+            let early = InFlight {
+                shard: inflight.shard,
+                position: inflight.position,
+                path: inflight.path.clone(),
+                waiters: std::mem::take(&mut inflight.waiters),
+            };
+            early.ack(generation);
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
         let result = self.put(&mut inflight, bytes).instrument(span).await;
         self.meters
             .put_seconds
@@ -321,6 +331,11 @@ impl CommitTask {
             .await
             {
                 Ok(CreateOutcome::Created | CreateOutcome::Identical) => return Ok(position),
+                Ok(CreateOutcome::Conflict(_))
+                    if memwal_store::broken("broken::wal_conflict_is_success") =>
+                {
+                    return Ok(position)
+                }
                 Ok(CreateOutcome::Conflict(found)) => {
                     self.collision(position, &found).await?;
                     tracing::info!(position, "stepped over a fence sentinel of an older writer");

@@ -229,6 +229,11 @@ async fn replay_wal(
         range,
         DEFAULT_REPLAY_PREFETCH,
     );
+    if memwal_store::broken("broken::replay_reversed") {
+        let mut all: Vec<_> = entries.collect().await;
+        all.reverse();
+        entries = Box::pin(futures::stream::iter(all));
+    }
     let mut current: Option<Rebuild> = None;
     while let Some(entry) = entries.next().await {
         let entry = entry.map_err(|e| Error::from_wal(e, "replaying the WAL"))?;

@@ -31,7 +31,14 @@ pub struct Daemon {
     pub child: Child,
     pub flight: String,
     pub http: String,
+    /// The daemon's stderr, its last [`LOG_LINES`] lines.
+    pub log: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    /// The thread draining stderr (ends when the daemon does).
+    drain: Option<std::thread::JoinHandle<()>>,
 }
+
+/// How much of a daemon's stderr [`Daemon::log`] keeps.
+pub const LOG_LINES: usize = 40;
 
 impl Daemon {
     /// A daemon serving `table` as `t`, without its compactor.
@@ -69,8 +76,19 @@ impl Daemon {
                 _ => return Err(child.wait().expect("wait for the daemon")),
             }
         };
-        // Keep draining stderr so the daemon never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
+        // Keep draining stderr so the daemon never blocks on it, keeping
+        // the tail for failure messages.
+        let log = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let tail = log.clone();
+        let drain = std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                let mut t = tail.lock().unwrap();
+                if t.len() == LOG_LINES {
+                    t.pop_front();
+                }
+                t.push_back(l);
+            }
+        });
         let addr = |scheme: &str| {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(scheme))
@@ -86,6 +104,8 @@ impl Daemon {
             flight,
             http: addr("http://"),
             child,
+            log,
+            drain: Some(drain),
         })
     }
 
@@ -98,6 +118,22 @@ impl Daemon {
             .unwrap()
             .success());
         self.child.wait().unwrap()
+    }
+
+    /// SIGTERM; panics with the daemon's last log lines unless it exits 0.
+    pub fn stop_ok(mut self) {
+        let log = self.log.clone();
+        let drain = self.drain.take();
+        let status = self.stop();
+        if let Some(d) = drain {
+            let _ = d.join();
+        }
+        let tail: Vec<String> = log.lock().unwrap().iter().cloned().collect();
+        assert!(
+            status.success(),
+            "daemon exited with {status}; its last lines:\n{}",
+            tail.join("\n")
+        );
     }
 }
 
