@@ -178,13 +178,17 @@ async fn rows(
     }
     let mut scanner = sst.scan();
     scanner.scan_in_order(true);
-    scanner
-        .project(&project)
-        .map_err(CompactorError::lance(uri, "projecting an SSTable"))?;
+    scanner.project(&project).map_err(CompactorError::lance(
+        uri,
+        format!("projecting SSTable `{}`", sst.uri()),
+    ))?;
     let stream = scanner
         .try_into_stream()
         .await
-        .map_err(CompactorError::lance(uri, "scanning an SSTable"))?;
+        .map_err(CompactorError::lance(
+            uri,
+            format!("scanning SSTable `{}`", sst.uri()),
+        ))?;
     let has_tombstone = cols.has_tombstone;
     let schema = out.clone();
     let key_positions: Vec<usize> = if keys_only {
@@ -245,24 +249,35 @@ fn arrow_select_filter(
 
 /// Counts of visible rows by kind: (live, tombstones).
 async fn counts(sst: &Dataset, cols: &Columns, uri: &str) -> Result<(u64, u64)> {
-    let total = sst
-        .count_rows(None)
-        .await
-        .map_err(CompactorError::lance(uri, "counting SSTable rows"))? as u64;
+    let total = sst.count_rows(None).await.map_err(CompactorError::lance(
+        uri,
+        format!("counting the rows of SSTable `{}`", sst.uri()),
+    ))? as u64;
     if !cols.has_tombstone {
         return Ok((total, 0));
     }
     let mut scanner = sst.scan();
     scanner
         .project(&[TOMBSTONE_COLUMN])
-        .map_err(CompactorError::lance(uri, "projecting SSTable tombstones"))?;
+        .map_err(CompactorError::lance(
+            uri,
+            format!("projecting the tombstones of SSTable `{}`", sst.uri()),
+        ))?;
     let mut stream = scanner
         .try_into_stream()
         .await
-        .map_err(CompactorError::lance(uri, "scanning SSTable tombstones"))?;
+        .map_err(CompactorError::lance(
+            uri,
+            format!("scanning the tombstones of SSTable `{}`", sst.uri()),
+        ))?;
     let mut tombstones = 0u64;
     while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(CompactorError::lance(uri, "scanning SSTable tombstones"))?;
+        let batch = batch.map_err(|e| {
+            CompactorError::lance(
+                uri,
+                format!("scanning the tombstones of SSTable `{}`", sst.uri()),
+            )(e)
+        })?;
         let col = batch
             .column(0)
             .as_boolean_opt()

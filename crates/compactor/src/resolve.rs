@@ -41,15 +41,24 @@ impl Newest {
         }
         for (idx, sst) in group.iter().enumerate() {
             let mut scanner = sst.scan();
-            scanner
-                .project(&project)
-                .map_err(CompactorError::lance(uri, "projecting SSTable keys"))?;
+            scanner.project(&project).map_err(CompactorError::lance(
+                uri,
+                format!("projecting the keys of SSTable `{}`", sst.uri()),
+            ))?;
             let mut stream = scanner
                 .try_into_stream()
                 .await
-                .map_err(CompactorError::lance(uri, "scanning SSTable keys"))?;
+                .map_err(CompactorError::lance(
+                    uri,
+                    format!("scanning the keys of SSTable `{}`", sst.uri()),
+                ))?;
             while let Some(batch) = stream.next().await {
-                let batch = batch.map_err(CompactorError::lance(uri, "scanning SSTable keys"))?;
+                let batch = batch.map_err(|e| {
+                    CompactorError::lance(
+                        uri,
+                        format!("scanning the keys of SSTable `{}`", sst.uri()),
+                    )(e)
+                })?;
                 let n = keys.len();
                 let rows = converter
                     .convert_columns(&batch.columns()[..n])

@@ -80,7 +80,8 @@ fn code_of(e: &ServerError) -> Code {
             memwal::Error::OutcomeUnknown { .. } => Code::Unavailable,
             memwal::Error::Closed { .. } => Code::Unavailable,
             memwal::Error::Storage { .. } => Code::Unavailable,
-            _ => Code::Internal,
+            // Stored state that does not decode: retrying cannot help.
+            memwal::Error::Corrupt { .. } => Code::DataLoss,
         },
     }
 }

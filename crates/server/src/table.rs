@@ -19,10 +19,20 @@ use crate::ServerError;
 /// Shard field values identifying a shard under the table's spec.
 pub type ShardKey = BTreeMap<String, Vec<u8>>;
 
-/// A shard this daemon serves, or served until another writer took it.
+/// A shard this daemon serves, served until another writer took it, or
+/// could not open because its stored state is corrupt.
 enum Slot {
     Live(Arc<ShardWriter>),
-    Lost { shard: ShardId, reason: String },
+    Lost {
+        shard: ShardId,
+        reason: String,
+    },
+    /// Refuses its rows with `error` (naming the object) until the daemon
+    /// is restarted; the table's other shards keep serving.
+    Failed {
+        shard: ShardId,
+        error: memwal::Error,
+    },
 }
 
 /// What one part of a put reached.
@@ -43,7 +53,8 @@ pub struct ShardStatus {
     pub shard: String,
     /// Its shard field values (hex).
     pub values: BTreeMap<String, String>,
-    /// Serving, or lost to another writer.
+    /// `serving`, `lost` (to another writer) or `failed` (corrupt stored
+    /// state: see `last_error`).
     pub state: &'static str,
     /// Epoch, manifest version, generations, WAL, memory (when serving).
     pub epoch: Option<u64>,
@@ -84,6 +95,10 @@ pub struct TableHost {
     config: ShardWriterConfig,
     /// The shards this daemon may claim (`None`: all of them).
     owned: Option<Owned>,
+    /// Every shard key the spec can produce, when it can be enumerated (an
+    /// unsharded table, one bucket field): how a shard whose manifest does
+    /// not decode is tied to its rows.
+    enumerable: Option<Vec<ShardKey>>,
     shards: tokio::sync::Mutex<HashMap<ShardKey, Slot>>,
 }
 
@@ -94,8 +109,8 @@ struct Owned {
     buckets: Vec<u32>,
 }
 
-/// The shard keys of `buckets` under a one-field `bucket` spec.
-fn bucket_keys(spec: &memwal_proto::ShardingSpec, buckets: &[u32]) -> Result<Owned, String> {
+/// The bucket count of a one-field `bucket` spec.
+fn num_buckets(spec: &memwal_proto::ShardingSpec) -> Result<u32, String> {
     let [field] = spec.fields.as_slice() else {
         return Err(format!(
             "a shard subset names buckets; this table's spec has {} fields",
@@ -108,11 +123,17 @@ fn bucket_keys(spec: &memwal_proto::ShardingSpec, buckets: &[u32]) -> Result<Own
             field.transform.as_deref().unwrap_or("an expression")
         ));
     }
-    let n: u32 = field
+    field
         .parameters
         .get("num_buckets")
         .and_then(|n| n.parse().ok())
-        .ok_or("the bucket spec has no valid `num_buckets`")?;
+        .ok_or_else(|| "the bucket spec has no valid `num_buckets`".to_string())
+}
+
+/// The shard keys of `buckets` under a one-field `bucket` spec.
+fn bucket_keys(spec: &memwal_proto::ShardingSpec, buckets: &[u32]) -> Result<Owned, String> {
+    let n = num_buckets(spec)?;
+    let field = &spec.fields[0];
     if let Some(b) = buckets.iter().find(|&&b| b >= n) {
         return Err(format!("bucket {b} does not exist (the table has {n})"));
     }
@@ -135,6 +156,15 @@ impl std::fmt::Debug for TableHost {
             .field("uri", &self.loc.uri)
             .finish_non_exhaustive()
     }
+}
+
+/// A manifest that was read but does not decode (not a storage failure).
+fn is_corrupt(e: &memwal_compactor::CompactorError) -> bool {
+    matches!(
+        e,
+        memwal_compactor::CompactorError::Manifest { source, .. }
+            if matches!(**source, memwal_fencing::FencingError::Corrupt { .. })
+    )
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -205,6 +235,14 @@ impl TableHost {
         };
         let validator =
             memwal_memtable::TableSchema::new(schema.clone()).map_err(|e| setup(e.to_string()))?;
+        let enumerable = if router.is_none() {
+            Some(vec![ShardKey::new()])
+        } else {
+            num_buckets(&spec)
+                .ok()
+                .and_then(|n| bucket_keys(&spec, &(0..n).collect::<Vec<_>>()).ok())
+                .map(|o| o.keys.into_iter().collect())
+        };
         let host = Self {
             name: name.to_string(),
             loc,
@@ -215,6 +253,7 @@ impl TableHost {
             router,
             config,
             owned,
+            enumerable,
             shards: tokio::sync::Mutex::new(HashMap::new()),
         };
         host.open_existing().await?;
@@ -241,13 +280,38 @@ impl TableHost {
             .await
             .map_err(|e| self.setup(e.to_string()))?;
         let mut found: BTreeMap<ShardKey, ShardId> = BTreeMap::new();
+        let mut failed: BTreeMap<ShardKey, Slot> = BTreeMap::new();
         for shard in shards {
-            let Some(m) =
-                memwal_compactor::latest_manifest(&self.loc, shard, &RetryPolicy::default())
-                    .await
-                    .map_err(|e| self.setup(e.to_string()))?
-            else {
-                continue;
+            let m = match memwal_compactor::latest_manifest(
+                &self.loc,
+                shard,
+                &RetryPolicy::default(),
+            )
+            .await
+            {
+                Ok(Some(m)) => m,
+                Ok(None) => continue,
+                Err(e @ memwal_compactor::CompactorError::Manifest { .. }) if is_corrupt(&e) => {
+                    // Whose rows the shard holds is in the manifest that does
+                    // not decode; a shard id derived from a known key ties it
+                    // to them. Any other shard is refused with the table:
+                    // serving its key from a new shard would split it.
+                    let key = self
+                        .enumerable
+                        .iter()
+                        .flatten()
+                        .find(|k| ShardId::for_values(self.spec_id, k) == shard);
+                    let Some(key) = key else {
+                        return Err(self.setup(e.to_string()));
+                    };
+                    tracing::error!(table = %self.name, %shard, error = %e, "shard manifest corrupt; its rows are refused");
+                    let error = memwal::Error::Corrupt {
+                        reason: e.to_string(),
+                    };
+                    failed.insert(key.clone(), Slot::Failed { shard, error });
+                    continue;
+                }
+                Err(e) => return Err(self.setup(e.to_string())),
             };
             let identity = ShardIdentity::of_manifest(&m);
             if identity.spec_id != self.spec_id {
@@ -266,9 +330,21 @@ impl TableHost {
             found.insert(key, shard);
         }
         let mut slots = self.shards.lock().await;
+        slots.extend(failed);
         for (key, shard) in found {
-            let w = self.open_writer(shard, &key).await?;
-            slots.insert(key, Slot::Live(Arc::new(w)));
+            match self.open_writer(shard, &key).await {
+                Ok(w) => slots.insert(key, Slot::Live(Arc::new(w))),
+                // Corrupt stored state does not heal by retrying: refuse
+                // this shard's rows, serve the rest.
+                Err(ServerError::Writer {
+                    source: error @ memwal::Error::Corrupt { .. },
+                    ..
+                }) => {
+                    tracing::error!(table = %self.name, %shard, %error, "shard state corrupt; its rows are refused");
+                    slots.insert(key, Slot::Failed { shard, error })
+                }
+                Err(e) => return Err(e),
+            };
         }
         Ok(())
     }
@@ -317,6 +393,13 @@ impl TableHost {
                     table: self.name.clone(),
                     shard: shard.to_string(),
                     reason: reason.clone(),
+                })
+            }
+            Some(Slot::Failed { shard, error }) => {
+                return Err(ServerError::Writer {
+                    table: self.name.clone(),
+                    shard: shard.to_string(),
+                    source: error.clone(),
                 })
             }
             None => {}
@@ -510,7 +593,7 @@ impl TableHost {
             .values()
             .filter_map(|s| match s {
                 Slot::Live(w) => Some(w.clone()),
-                Slot::Lost { .. } => None,
+                Slot::Lost { .. } | Slot::Failed { .. } => None,
             })
             .collect()
     }
@@ -590,6 +673,21 @@ impl TableHost {
                         compacted_generation: compacted(*shard),
                         compaction_lag_generations: None,
                         last_error: Some(reason.clone()),
+                    },
+                    Slot::Failed { shard, error } => ShardStatus {
+                        shard: shard.to_string(),
+                        values,
+                        state: "failed",
+                        epoch: None,
+                        manifest_version: None,
+                        generation: None,
+                        published_generation: None,
+                        unflushed_generations: None,
+                        memtable_bytes: None,
+                        wal_position: None,
+                        compacted_generation: compacted(*shard),
+                        compaction_lag_generations: None,
+                        last_error: Some(error.to_string()),
                     },
                 }
             })

@@ -51,6 +51,12 @@ impl BaseTable {
                         uri: root.to_string(),
                     }
                 }
+                // Feature flags this lance does not know (or another
+                // declared capability it lacks): refuse, never guess.
+                e @ lance::Error::NotSupported { .. } => TableError::Unsupported {
+                    uri: root.to_string(),
+                    reason: e.to_string(),
+                },
                 source => TableError::Read {
                     uri: root.to_string(),
                     source,
