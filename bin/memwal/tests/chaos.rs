@@ -240,30 +240,29 @@ async fn acks_reach(history: &History, n: u64, client: &tokio::task::JoinHandle<
 }
 
 /// The reader view: base plus every shard's SSTables above its compacted
-/// generation, through upstream's `LsmScanner`.
+/// generation, through upstream's `LsmScanner` (the base as the view
+/// opened it, through memwal's store: local or S3 alike).
 async fn view_rows(table: &str) -> View {
     let loc = memwal_store::open_store(table).unwrap();
     let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
         .await
         .unwrap();
     let snapshots = view.snapshots();
-    let base = lance::Dataset::open(table).await.unwrap();
-    let base = Arc::new(
-        base.checkout_version(view.base.version().version)
-            .await
-            .unwrap(),
-    );
-    let batch = LsmScanner::new(base, snapshots, vec!["id".to_string()])
+    let batch = LsmScanner::new(view.base.clone(), snapshots, vec!["id".to_string()])
         .try_into_batch()
         .await
         .unwrap();
     rows_of(&[batch])
 }
 
-/// The base table's rows (duplicates kept, unlike `base_rows`).
+/// The base table's latest rows (duplicates kept, unlike `base_rows`).
 async fn base_view(table: &str) -> View {
-    let ds = lance::Dataset::open(table).await.unwrap();
-    let batches: Vec<RecordBatch> = ds
+    let loc = memwal_store::open_store(table).unwrap();
+    let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
+        .await
+        .unwrap();
+    let batches: Vec<RecordBatch> = view
+        .base
         .scan()
         .try_into_stream()
         .await
@@ -301,22 +300,58 @@ fn violations(got: &View, ops: &[Op], what: &str) -> Vec<String> {
 // deliberately broken variant of each check: `each_broken_daemon_is_caught`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_and_paused_daemons_lose_nothing_acknowledged() {
-    let kills: u64 = std::env::var("MEMWAL_CHAOS_KILLS")
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    chaos(
+        &table,
+        "MEMWAL_CHAOS_KILLS",
+        200,
+        "killed_and_paused_daemons_lose_nothing",
+    )
+    .await;
+}
+
+// The same run against the S3 test server (moto under `.ci/run`): every
+// daemon, `memwal compact` and `memwal gc` on an s3:// table, where a
+// put-if-not-exists is a conditional PUT and a listing is paginated.
+// Fewer kills by default (`MEMWAL_CHAOS_S3_KILLS`, 30): each request is a
+// round trip to the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(memwal_s3_tests),
+    ignore = "needs an S3 server: MEMWAL_TEST_S3_URI unset (eval \"$(scripts/s3-server.sh start)\")"
+)]
+async fn killed_and_paused_daemons_on_s3_lose_nothing_acknowledged() {
+    let Some(loc) = memwal_testkit::s3_test_location("chaos") else {
+        return;
+    };
+    chaos(
+        &loc.uri,
+        "MEMWAL_CHAOS_S3_KILLS",
+        30,
+        "killed_and_paused_daemons_on_s3",
+    )
+    .await;
+}
+
+/// The chaos run on `table` (a path or s3:// URI): `kills_var` (default
+/// `default_kills`) kill iterations, seeded by `MEMWAL_CHAOS_SEED`.
+async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
+    let table = table.to_string();
+    let kills: u64 = std::env::var(kills_var)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+        .unwrap_or(default_kills);
     let seed: u64 = std::env::var("MEMWAL_CHAOS_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(rand::random);
     let replay = format!(
-        "MEMWAL_CHAOS_SEED={seed} MEMWAL_CHAOS_KILLS={kills} \
-         cargo test -p memwal-cli --test chaos"
+        "MEMWAL_CHAOS_SEED={seed} {kills_var}={kills} \
+         cargo test -p memwal-cli --test chaos {test}"
     );
-    eprintln!("chaos: seed {seed}, {kills} kills (replay: {replay})");
+    eprintln!("chaos: seed {seed}, {kills} kills on {table} (replay: {replay})");
     let mut rng = StdRng::seed_from_u64(seed);
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("t").to_str().unwrap().to_string();
     init_bucket_table(&table);
     let history = Arc::new(History::new());
     let flushes = Arc::new(AtomicU64::new(0));

@@ -7,3 +7,4 @@ mod compaction;
 mod faults;
 mod gc;
 mod support;
+mod workload;
