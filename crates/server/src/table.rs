@@ -80,6 +80,34 @@ pub struct ShardStatus {
     pub last_error: Option<String>,
 }
 
+impl ShardStatus {
+    /// A shard this daemon does not write: only its identity, compaction
+    /// progress and why.
+    fn not_serving(
+        shard: ShardId,
+        values: BTreeMap<String, String>,
+        state: &'static str,
+        compacted_generation: Option<u64>,
+        why: &str,
+    ) -> Self {
+        Self {
+            shard: shard.to_string(),
+            values,
+            state,
+            epoch: None,
+            manifest_version: None,
+            generation: None,
+            published_generation: None,
+            unflushed_generations: None,
+            memtable_bytes: None,
+            wal_position: None,
+            compacted_generation,
+            compaction_lag_generations: None,
+            last_error: Some(why.to_string()),
+        }
+    }
+}
+
 /// A table the daemon serves.
 pub struct TableHost {
     name: String,
@@ -659,36 +687,16 @@ impl TableHost {
                             last_error: s.terminal.clone().or(s.last_flush_error.clone()),
                         }
                     }
-                    Slot::Lost { shard, reason } => ShardStatus {
-                        shard: shard.to_string(),
+                    Slot::Lost { shard, reason } => {
+                        ShardStatus::not_serving(*shard, values, "lost", compacted(*shard), reason)
+                    }
+                    Slot::Failed { shard, error } => ShardStatus::not_serving(
+                        *shard,
                         values,
-                        state: "lost",
-                        epoch: None,
-                        manifest_version: None,
-                        generation: None,
-                        published_generation: None,
-                        unflushed_generations: None,
-                        memtable_bytes: None,
-                        wal_position: None,
-                        compacted_generation: compacted(*shard),
-                        compaction_lag_generations: None,
-                        last_error: Some(reason.clone()),
-                    },
-                    Slot::Failed { shard, error } => ShardStatus {
-                        shard: shard.to_string(),
-                        values,
-                        state: "failed",
-                        epoch: None,
-                        manifest_version: None,
-                        generation: None,
-                        published_generation: None,
-                        unflushed_generations: None,
-                        memtable_bytes: None,
-                        wal_position: None,
-                        compacted_generation: compacted(*shard),
-                        compaction_lag_generations: None,
-                        last_error: Some(error.to_string()),
-                    },
+                        "failed",
+                        compacted(*shard),
+                        &error.to_string(),
+                    ),
                 }
             })
             .collect();
