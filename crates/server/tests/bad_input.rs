@@ -276,13 +276,34 @@ fn foreign_ipc() -> Vec<u8> {
     out
 }
 
+/// How a case damages an object in place.
+type Damage = fn(&Path);
+
+/// One damage case: `object` (found in the victim shard's directory) is
+/// damaged, must make only its shard refuse (naming it), and once restored
+/// every acknowledgement must hold.
+async fn damaged_object_refuses_its_shard(
+    what: &str,
+    object: impl Fn(&Path) -> PathBuf,
+    damage: Damage,
+) {
+    let mut case = Case::new(false).await;
+    let shard = case.victim();
+    let target = object(&shard);
+    let backup = Backup::of(&shard);
+    damage(&target);
+    eprintln!("{what}: {}", target.display());
+    case.refused_only_where_damaged(&name(&target)).await;
+    backup.restore();
+    case.all_acks_hold().await;
+}
+
 // Breaks if a WAL entry that does not decode (garbage, cut short, or
 // another program's Arrow stream) is skipped or guessed at during replay,
 // if the error does not name the object, if it takes the whole table down
 // instead of its shard, or if the other shards' acknowledged rows are lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_wal_entries_refuse_their_shard_only() {
-    type Damage = fn(&Path);
     let cases: [(&str, Damage); 3] = [
         ("garbage", |p| {
             std::fs::write(p, b"not an arrow stream").unwrap()
@@ -291,15 +312,7 @@ async fn damaged_wal_entries_refuse_their_shard_only() {
         ("foreign", |p| std::fs::write(p, foreign_ipc()).unwrap()),
     ];
     for (what, damage) in cases {
-        let mut case = Case::new(false).await;
-        let shard = case.victim();
-        let entry = data_entry(&shard);
-        let backup = Backup::of(&shard);
-        damage(&entry);
-        eprintln!("{what}: {}", entry.display());
-        case.refused_only_where_damaged(&name(&entry)).await;
-        backup.restore();
-        case.all_acks_hold().await;
+        damaged_object_refuses_its_shard(what, data_entry, damage).await;
     }
 }
 
@@ -309,7 +322,6 @@ async fn damaged_wal_entries_refuse_their_shard_only() {
 // name the object, or if the other shards stop serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_shard_manifests_refuse_their_shard_only() {
-    type Damage = fn(&Path);
     let cases: [(&str, Damage); 2] = [
         ("garbage", |p| {
             std::fs::write(p, b"\xff\xfe not a manifest").unwrap()
@@ -317,15 +329,8 @@ async fn damaged_shard_manifests_refuse_their_shard_only() {
         ("truncated", truncate),
     ];
     for (what, damage) in cases {
-        let mut case = Case::new(false).await;
-        let shard = case.victim();
-        let (manifest, _) = newest(&shard.join("manifest"), "binpb");
-        let backup = Backup::of(&shard);
-        damage(&manifest);
-        eprintln!("{what}: {}", manifest.display());
-        case.refused_only_where_damaged(&name(&manifest)).await;
-        backup.restore();
-        case.all_acks_hold().await;
+        let manifest = |shard: &Path| newest(&shard.join("manifest"), "binpb").0;
+        damaged_object_refuses_its_shard(what, manifest, damage).await;
     }
 }
 
