@@ -78,6 +78,9 @@ async fn upstream_abandoned_then_memwal_takes_over(sharding: Sharding) {
             w.epoch(),
             up.epoch()
         );
+        // open is ready once the WAL is read; the replayed generation
+        // publishes in the background, which flush waits for.
+        w.flush().await.unwrap();
         let after = t.manifest(s).await;
         assert_eq!(after.writer_epoch, w.epoch(), "{after:?}");
         assert!(
@@ -86,7 +89,7 @@ async fn upstream_abandoned_then_memwal_takes_over(sharding: Sharding) {
         );
         assert!(
             after.sstables.len() > before.sstables.len(),
-            "memwal's open publishes the replayed generation: before {before:?}, after {after:?}"
+            "memwal publishes the replayed generation: before {before:?}, after {after:?}"
         );
         assert!(
             after.replay_after_wal_entry_position > before.replay_after_wal_entry_position,
@@ -141,7 +144,7 @@ async fn upstream_abandoned_then_memwal_takes_over(sharding: Sharding) {
 // Breaks if memwal cannot open a shard upstream created (spec id 1, no
 // field entries, epoch 1), cannot replay upstream's WAL entries (field ids,
 // `_tombstone`, generations), skips or reorders them (an overwrite or a
-// delete would be lost), leaves replayed rows unpublished after `open`, or
+// delete would be lost), never publishes the replayed rows (`flush` after `open`), or
 // writes SSTables upstream's scanner cannot merge with upstream's own; or
 // if its fence sentinel does not stop the abandoned upstream writer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

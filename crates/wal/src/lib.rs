@@ -15,7 +15,7 @@
 //!   sentinel, with gaps and newer epochs as typed errors.
 //!
 //! A writer's recovery is: `ManifestStore::claim` -> [`write_fence_sentinel`]
-//! -> [`replay`] (rebuild and publish every replayed generation) ->
+//! -> [`replay`] (rebuild every replayed generation, published in order) ->
 //! [`WalAppender::start`] at sentinel + 1 with a generation above every
 //! replayed one: a lower one would put newer rows in an older generation
 //! and make the next replay fail with a generation going backwards.

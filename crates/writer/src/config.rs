@@ -93,9 +93,13 @@ pub struct ShardWriterConfig {
     /// Transient failures are retried until they pass, the writer is
     /// fenced (the fence is re-checked every third failure) or stopped;
     /// deterministic failures make the writer terminal at once.
-    /// `max_attempts` bounds the attempts while `open` flushes replayed
-    /// data (open then fails with the last error) and while closing.
+    /// `max_attempts` bounds the attempts while `open` runs (a replayed
+    /// generation that cannot be written then fails `open` with the last
+    /// error) and while closing.
     pub flush_retry: RetryPolicy,
+    /// When `open` may return after replaying the WAL. Default
+    /// [`ReplayPublish::InBackground`].
+    pub replay_publish: ReplayPublish,
     /// How long a put waits for room under backpressure before failing
     /// with [`Error::Backpressure`]. Default 30 s.
     pub backpressure_timeout: Duration,
@@ -127,8 +131,27 @@ impl Default for ShardWriterConfig {
             },
             backpressure_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(60),
+            replay_publish: ReplayPublish::InBackground,
         }
     }
+}
+
+/// What `open` waits for after reading the WAL. Either way every replayed
+/// generation is published in generation order before any generation
+/// written after `open`, and a generation that cannot be written while
+/// `open` runs fails it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplayPublish {
+    /// Ready once the WAL has been read: the replayed generations are
+    /// written and published in the background (readable through
+    /// `unflushed_batches`, counted against `max_unflushed_bytes`, waited
+    /// for by `flush` and `close`); `open` waits only while the replayed
+    /// generations not yet published hold more than `max_unflushed_bytes`.
+    #[default]
+    InBackground,
+    /// Ready once every replayed generation is published (the manifest
+    /// lists its SSTable when `open` returns).
+    BeforeOpenReturns,
 }
 
 impl ShardWriterConfig {

@@ -18,13 +18,18 @@ use crate::writer::Inner;
 use crate::{Error, Result};
 
 /// What a generation's job hands the flusher: the last WAL position the
-/// generation covers and its written (unpublished) SSTable.
-pub(crate) type JobOutput = (u64, WrittenSsTable);
+/// generation covers and its written (unpublished) SSTable, `None` for a
+/// replayed generation that holds no rows.
+pub(crate) type JobOutput = (u64, Option<WrittenSsTable>);
 
 /// A generation's SSTable job, queued to the flusher in generation order.
 pub(crate) struct Job {
     pub generation: u64,
     pub handle: JoinHandle<Result<JobOutput>>,
+    /// Live generations publish strictly as the manifest's
+    /// `current_generation`; replayed ones may skip numbers a previous
+    /// writer left unused (never go below it).
+    pub live: bool,
 }
 
 /// What writing and publishing need, shared by `open` (replayed
@@ -161,7 +166,7 @@ const FENCE_CHECK_EVERY: u32 = 3;
 /// Decides what follows failed attempt number `attempt` of `what`: `Ok`
 /// to try again (after the backoff), `Err` to give up with that error.
 /// Gives up on a non-retryable error, once the writer stops, once the
-/// shard turns out fenced, and, while closing, after
+/// shard turns out fenced, and, while opening or closing, after
 /// `flush_retry.max_attempts` attempts.
 async fn after_failure(inner: &Inner, err: Error, attempt: u32) -> Result<()> {
     if !retryable(&err) {
@@ -172,7 +177,8 @@ async fn after_failure(inner: &Inner, err: Error, attempt: u32) -> Result<()> {
     inner.state.lock().last_flush_error = Some(err.to_string());
     inner.bump_progress();
     let retry = &inner.config.flush_retry;
-    if inner.closing.load(Ordering::SeqCst) && attempt >= retry.attempts() {
+    let bounded = inner.closing.load(Ordering::SeqCst) || inner.opening.load(Ordering::SeqCst);
+    if bounded && attempt >= retry.attempts() {
         return Err(err);
     }
     if attempt.is_multiple_of(FENCE_CHECK_EVERY) {
@@ -203,39 +209,63 @@ async fn backoff(inner: &Inner, retry: &RetryPolicy, attempt: u32) -> bool {
     }
 }
 
-/// A generation's job: writes its SSTable (retrying with backoff, at most
-/// `flush_concurrency` jobs writing at once), then learns from the WAL
-/// generation switch the last position the generation covers.
+/// A live generation's job: writes its SSTable (see [`write_retrying`]),
+/// then learns from the WAL generation switch the last position the
+/// generation covers.
 pub(crate) async fn job(
     inner: Arc<Inner>,
     generation: u64,
     memtable: FrozenMemTable,
     ticket: SwitchTicket,
 ) -> Result<JobOutput> {
-    let data = memtable.flush_data();
-    let written = {
-        let _permit = inner
-            .flush_permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| Error::closed("flush permits closed"))?;
-        let mut attempt = 0;
-        loop {
-            if inner.is_stopping() {
-                return Err(Error::closed("the writer stopped"));
-            }
-            attempt += 1;
-            match inner.ctx.write(generation, &data).await {
-                Ok(w) => break w,
-                Err(e) => after_failure(&inner, e, attempt).await?,
-            }
-        }
-    };
+    let written = write_retrying(&inner, generation, &memtable).await?;
     let switch = ticket
         .await
         .map_err(|e| Error::from_wal(e, "WAL generation switch"))?;
-    Ok((switch.last_position, written))
+    Ok((switch.last_position, Some(written)))
+}
+
+/// A replayed generation's job: its last WAL position is known from the
+/// replay; a generation whose entries held no rows gets no SSTable (its
+/// publish only moves the cursor past it).
+pub(crate) async fn replayed_job(
+    inner: Arc<Inner>,
+    generation: u64,
+    memtable: FrozenMemTable,
+    last_position: u64,
+) -> Result<JobOutput> {
+    if memtable.is_empty() {
+        return Ok((last_position, None));
+    }
+    let written = write_retrying(&inner, generation, &memtable).await?;
+    Ok((last_position, Some(written)))
+}
+
+/// Writes `generation`'s SSTable, retrying with backoff, at most
+/// `flush_concurrency` generations writing at once.
+async fn write_retrying(
+    inner: &Arc<Inner>,
+    generation: u64,
+    memtable: &FrozenMemTable,
+) -> Result<WrittenSsTable> {
+    let data = memtable.flush_data();
+    let _permit = inner
+        .flush_permits
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| Error::closed("flush permits closed"))?;
+    let mut attempt = 0;
+    loop {
+        if inner.is_stopping() {
+            return Err(Error::closed("the writer stopped"));
+        }
+        attempt += 1;
+        match inner.ctx.write(generation, &data).await {
+            Ok(w) => return Ok(w),
+            Err(e) => after_failure(inner, e, attempt).await?,
+        }
+    }
 }
 
 /// Background task: takes the jobs in generation order and publishes each
@@ -280,7 +310,14 @@ async fn run_flusher(inner: &Arc<Inner>, jobs: &mut UnboundedReceiver<Job>) {
                 })
             }
         };
-        if let Err(e) = publish_in_order(inner, job.generation, &written, last_position).await {
+        let published = publish_in_order(
+            inner,
+            job.generation,
+            written.as_ref(),
+            last_position,
+            job.live,
+        );
+        if let Err(e) = published.await {
             return inner.fail(e);
         }
     }
@@ -291,8 +328,9 @@ async fn run_flusher(inner: &Arc<Inner>, jobs: &mut UnboundedReceiver<Job>) {
 async fn publish_in_order(
     inner: &Arc<Inner>,
     generation: u64,
-    written: &WrittenSsTable,
+    written: Option<&WrittenSsTable>,
     last_position: u64,
+    live: bool,
 ) -> Result<()> {
     let mut attempt = 0;
     loop {
@@ -305,14 +343,18 @@ async fn publish_in_order(
             st.appender
                 .as_ref()
                 .map_or(last_position, |a| a.last_durable_position())
+                .max(inner.sentinel)
         };
         memwal_store::crash_point("writer::before_publish");
         match inner
             .ctx
-            .publish(generation, Some(written), last_position, last_seen, true)
+            .publish(generation, written, last_position, last_seen, live)
             .await
         {
             Ok(m) => {
+                if !live {
+                    memwal_store::crash_point("writer::mid_replay");
+                }
                 *inner.manifest.lock() = m;
                 let mut st = inner.state.lock();
                 let frozen = st.frozen.pop_front();
@@ -330,7 +372,8 @@ async fn publish_in_order(
                 drop(st);
                 inner.publishes.fetch_add(1, Ordering::Relaxed);
                 inner.ctx.meters.publishes.increment(1);
-                tracing::info!(shard = %inner.shard, generation, last_position, sstable = %written.dir_name, "generation published");
+                let sstable = written.map_or("(no rows)", |w| w.dir_name.as_str());
+                tracing::info!(shard = %inner.shard, generation, last_position, sstable, live, "generation published");
                 inner.bump_progress();
                 return Ok(());
             }

@@ -59,7 +59,17 @@ pub(crate) fn freeze_locked(
     inner.ctx.meters.freeze(reason);
     tracing::debug!(generation, bytes, reason, "memtable frozen");
     match &st.jobs {
-        Some(tx) if tx.send(crate::flush::Job { generation, handle }).is_ok() => Ok(()),
+        Some(tx)
+            if tx
+                .send(crate::flush::Job {
+                    generation,
+                    handle,
+                    live: true,
+                })
+                .is_ok() =>
+        {
+            Ok(())
+        }
         _ => {
             let err = Error::closed("the flusher is not running");
             inner.fail_locked(st, err.clone());

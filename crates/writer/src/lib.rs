@@ -10,8 +10,14 @@
 //! base table schema, sharding spec, shard identity), then claims the
 //! shard, writes its fence sentinel and replays the WAL: each recorded
 //! generation is rebuilt as one memtable under its recorded number and
-//! published before `open` returns (so the writer starts with an empty
-//! memtable at the manifest's `current_generation`). Then
+//! queued, frozen, to the flusher, which writes and publishes it in the
+//! background in generation order, before any generation written after
+//! `open` (the writer is ready for puts once the WAL has been read; the
+//! replayed rows are readable through [`ShardWriter::unflushed_batches`]
+//! and count against `max_unflushed_bytes` until published, and
+//! [`ShardWriter::flush`] / [`ShardWriter::close`] wait for them; with
+//! [`ReplayPublish::BeforeOpenReturns`] `open` waits until they are
+//! published). Then
 //! [`ShardWriter::put`] / [`ShardWriter::delete`] (durable, group-committed),
 //! [`ShardWriter::flush`], [`ShardWriter::close`] or [`ShardWriter::abort`]
 //! (dropping = abort).
@@ -37,7 +43,7 @@ pub mod stats;
 mod transient;
 mod writer;
 
-pub use config::{ShardWriterConfig, ShardingConfig};
+pub use config::{ReplayPublish, ShardWriterConfig, ShardingConfig};
 pub use error::{Error, Result, Source};
 pub use memwal_fencing::{ShardId, ShardIdentity, ShardManifest};
 pub use memwal_store::{RetryPolicy, StoreLocation};

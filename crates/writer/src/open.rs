@@ -2,8 +2,9 @@
 //! start the WAL appender and the background tasks.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::StreamExt;
 use memwal_fencing::{ManifestStore, ShardId, ShardManifest};
@@ -19,10 +20,10 @@ use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tracing::Instrument;
 
-use crate::config::ShardWriterConfig;
+use crate::config::{ReplayPublish, ShardWriterConfig};
 use crate::flush::FlushCtx;
 use crate::resolve::{resolve_sharding, ResolvedSharding};
-use crate::writer::{Inner, ShardWriter, State};
+use crate::writer::{Frozen, Inner, ShardWriter, State};
 use crate::{Error, Result};
 
 /// Where the table is: a URI for [`memwal_store::open_store`], or a store
@@ -140,26 +141,10 @@ async fn open_inner(
         meters,
     };
 
-    // 3. Replay.
-    let mut manifest = claim.manifest;
-    let mut publishes = 0;
-    replay_wal(&ctx, &config, &mut manifest, sentinel, &mut publishes)
-        .instrument(tracing::info_span!("replay", epoch, sentinel))
-        .await?;
-
-    // 4. Start writing.
-    let generation = manifest.current_generation.max(1);
-    let appender = WalAppender::start(
-        manifests.clone(),
-        epoch,
-        sentinel + 1,
-        generation,
-        WalConfig {
-            max_entry_bytes: config.wal_max_entry_bytes,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| Error::from_wal(e, "starting the WAL appender"))?;
+    // 3. The writer, without a WAL appender yet (nothing can put before
+    //    `open` returns), and its flusher: replayed generations are
+    //    flushed and published in the background, in generation order.
+    let manifest = claim.manifest;
     let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
     let inner = Arc::new(Inner {
         shard,
@@ -171,59 +156,86 @@ async fn open_inner(
         config: config.clone(),
         ctx,
         state: Mutex::new(State {
-            appender: Some(appender),
-            active: MemTable::new(schema),
-            generation,
+            appender: None,
+            active: MemTable::new(schema.clone()),
+            generation: manifest.current_generation.max(1),
             active_since: None,
             frozen: VecDeque::new(),
-            published_generation: generation - 1,
+            published_generation: manifest.current_generation.saturating_sub(1),
             terminal: None,
             last_flush_error: None,
             jobs: Some(jobs_tx),
         }),
-        manifest: Mutex::new(manifest),
+        manifest: Mutex::new(manifest.clone()),
         progress: watch::channel(0).0,
         shutdown: watch::channel(false).0,
         closing: AtomicBool::new(false),
+        opening: AtomicBool::new(true),
         close_result: tokio::sync::Mutex::new(None),
         tasks: Mutex::new(Vec::new()),
         puts: AtomicU64::new(0),
         rows: AtomicU64::new(0),
-        publishes: AtomicU64::new(publishes),
+        publishes: AtomicU64::new(0),
         backpressure_waits: AtomicU64::new(0),
     });
-    let mut tasks = vec![tokio::spawn(
+    inner.tasks.lock().push(tokio::spawn(
         crate::flush::flusher(inner.clone(), jobs_rx)
             .instrument(tracing::info_span!("flusher", %shard, epoch)),
-    )];
+    ));
+    let writer = ShardWriter { inner };
+    let inner = &writer.inner;
+
+    // 4. Replay (on failure, dropping `writer` stops its tasks).
+    let generation = replay_wal(inner, &manifest)
+        .instrument(tracing::info_span!("replay", epoch, sentinel))
+        .await?;
+
+    // 5. Start writing, right after the sentinel, in the generation after
+    //    every replayed one.
+    let appender = WalAppender::start(
+        manifests.clone(),
+        epoch,
+        sentinel + 1,
+        generation,
+        WalConfig {
+            max_entry_bytes: config.wal_max_entry_bytes,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| Error::from_wal(e, "starting the WAL appender"))?;
+    {
+        let mut st = inner.state.lock();
+        st.check_usable()?;
+        st.generation = generation;
+        st.appender = Some(appender);
+    }
     if let Some(age) = config.max_unflushed_age {
-        tasks.push(tokio::spawn(
+        inner.tasks.lock().push(tokio::spawn(
             crate::freeze::age_ticker(inner.clone(), age)
                 .instrument(tracing::info_span!("age_ticker", %shard, epoch)),
         ));
     }
-    *inner.tasks.lock() = tasks;
+    inner.opening.store(false, Ordering::SeqCst);
     tracing::info!(%shard, epoch, sentinel, generation, "shard writer open");
-    Ok(ShardWriter { inner })
+    Ok(writer)
 }
 
 /// Replays the WAL between the replay cursor and our sentinel. Each
 /// recorded generation is rebuilt whole as one memtable (never
 /// renumbered) and, once complete (the next generation starts, or the WAL
-/// ends), flushed and published before replay continues: memory holds
-/// one generation at a time, and every replayed row is published when
-/// `open` returns. Entries without a `generation` (upstream WAL-only
-/// entries) belong to the generation being rebuilt (the manifest's
-/// `current_generation` if none is). A generation whose memtable exceeds
-/// `max_unflushed_bytes` fails with [`Error::Backpressure`] naming it.
-async fn replay_wal(
-    ctx: &FlushCtx,
-    config: &ShardWriterConfig,
-    manifest: &mut ShardManifest,
-    sentinel: u64,
-    publishes: &mut u64,
-) -> Result<()> {
-    let range = ReplayRange::new(manifest, ctx.epoch, sentinel);
+/// ends), frozen and queued to the flusher, which publishes it in
+/// generation order in the background; replay waits while the queued
+/// generations hold more than `max_unflushed_bytes` (with
+/// [`ReplayPublish::BeforeOpenReturns`]: until each is published). Entries without a
+/// `generation` (upstream WAL-only entries) belong to the generation being
+/// rebuilt (the manifest's `current_generation` if none is). A generation
+/// whose memtable exceeds `max_unflushed_bytes` fails with
+/// [`Error::Backpressure`] naming it. Returns the first generation after
+/// every replayed one.
+async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> Result<u64> {
+    let ctx = &inner.ctx;
+    let config = &inner.config;
+    let range = ReplayRange::new(manifest, ctx.epoch, inner.sentinel);
     let mut entries = replay(
         WalLocation::of(&ctx.manifests),
         range,
@@ -234,6 +246,7 @@ async fn replay_wal(
         all.reverse();
         entries = Box::pin(futures::stream::iter(all));
     }
+    let mut next_generation = manifest.current_generation.max(1);
     let mut current: Option<Rebuild> = None;
     while let Some(entry) = entries.next().await {
         let entry = entry.map_err(|e| Error::from_wal(e, "replaying the WAL"))?;
@@ -244,9 +257,7 @@ async fn replay_wal(
         });
         if current.as_ref().is_some_and(|c| c.generation != generation) {
             let done = current.take().expect("checked");
-            *manifest = publish_replayed(ctx, config, done, sentinel).await?;
-            memwal_store::crash_point("writer::mid_replay");
-            *publishes += 1;
+            next_generation = next_generation.max(queue_replayed(inner, done).await?);
         }
         let rebuild = current.get_or_insert_with(|| Rebuild {
             generation,
@@ -291,65 +302,83 @@ async fn replay_wal(
         }
     }
     if let Some(done) = current {
-        *manifest = publish_replayed(ctx, config, done, sentinel).await?;
-        memwal_store::crash_point("writer::mid_replay");
-        *publishes += 1;
+        next_generation = next_generation.max(queue_replayed(inner, done).await?);
     }
-    Ok(())
+    Ok(next_generation)
 }
 
-/// Writes and publishes one replayed generation, retrying failed SSTable
-/// writes up to `flush_retry.max_attempts` times. A generation whose
-/// entries held no rows gets no SSTable: only the cursor moves past it.
-async fn publish_replayed(
-    ctx: &FlushCtx,
-    config: &ShardWriterConfig,
-    done: Rebuild,
-    sentinel: u64,
-) -> Result<ShardManifest> {
-    if done.memtable.is_empty() {
-        // Entries without rows: move the cursor and the counter past them.
-        tracing::debug!(
-            generation = done.generation,
-            "replayed generation holds no rows"
+/// Freezes a rebuilt generation and queues it to the flusher (its SSTable
+/// write starts at once), then waits until the generations still queued
+/// hold at most `max_unflushed_bytes` (or, with
+/// [`ReplayPublish::BeforeOpenReturns`], until it is published). Returns
+/// the generation after it.
+async fn queue_replayed(inner: &Arc<Inner>, done: Rebuild) -> Result<u64> {
+    let generation = done.generation;
+    let next = generation.checked_add(1).ok_or_else(|| Error::Corrupt {
+        reason: format!("replayed generation {generation} cannot be followed"),
+    })?;
+    let mut progress = inner.progress.subscribe();
+    {
+        let mut st = inner.state.lock();
+        st.check_usable()?;
+        let memtable = done.memtable.freeze();
+        let bytes = memtable.memory_usage().total();
+        let handle = tokio::spawn(
+            crate::flush::replayed_job(
+                inner.clone(),
+                generation,
+                memtable.clone(),
+                done.last_position,
+            )
+            .instrument(tracing::info_span!(
+                "replayed_flush_job",
+                shard = %inner.shard,
+                epoch = inner.epoch,
+                generation
+            )),
         );
-        let m = ctx
-            .publish(done.generation, None, done.last_position, sentinel, false)
-            .await?;
-        return Ok(m);
-    }
-    let data = done.memtable.freeze().flush_data();
-    let mut attempt = 0;
-    let written = loop {
-        attempt += 1;
-        match ctx.write(done.generation, &data).await {
-            Ok(w) => break w,
-            Err(
-                e @ Error::Storage {
-                    transient: true, ..
-                },
-            ) if attempt < config.flush_retry.attempts() => {
-                tracing::warn!(error = %e, attempt, "replayed generation flush failed; retrying");
-                config.flush_retry.backoff(attempt).await;
-            }
-            Err(e) => return Err(e),
+        st.frozen.push_back(Frozen {
+            generation,
+            memtable,
+            bytes,
+            frozen_at: Instant::now(),
+            job: handle.abort_handle(),
+        });
+        let job = crate::flush::Job {
+            generation,
+            handle,
+            live: false,
+        };
+        if st.jobs.as_ref().is_none_or(|tx| tx.send(job).is_err()) {
+            let err = Error::closed("the flusher is not running");
+            inner.fail_locked(&mut st, err.clone());
+            return Err(err);
         }
-    };
-    let m = ctx
-        .publish(
-            done.generation,
-            Some(&written),
-            done.last_position,
-            sentinel,
-            false,
-        )
-        .await?;
-    tracing::info!(
-        generation = done.generation,
-        last_position = done.last_position,
-        sstable = %written.dir_name,
-        "replayed generation published"
-    );
-    ctx.meters.publishes.increment(1);
-    Ok(m)
+        inner.record_unflushed(&st);
+        tracing::debug!(
+            generation,
+            bytes,
+            last_position = done.last_position,
+            "replayed generation queued"
+        );
+    }
+    let before_ready = inner.config.replay_publish == ReplayPublish::BeforeOpenReturns;
+    loop {
+        {
+            let st = inner.state.lock();
+            st.check_usable()?;
+            progress.borrow_and_update();
+            let done = if before_ready {
+                st.published_generation >= generation
+            } else {
+                st.unflushed_bytes() <= inner.config.max_unflushed_bytes
+            };
+            if done {
+                return Ok(next);
+            }
+        }
+        if progress.changed().await.is_err() {
+            return Err(Error::closed("the writer is gone"));
+        }
+    }
 }

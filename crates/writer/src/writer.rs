@@ -83,6 +83,9 @@ pub(crate) struct Inner {
     pub shutdown: watch::Sender<bool>,
     /// Set when `close` starts: flush retries become bounded.
     pub closing: AtomicBool,
+    /// Set until `open` returns: flush retries are bounded (a replayed
+    /// generation that cannot be written fails `open`).
+    pub opening: AtomicBool,
     /// One close at a time; holds the outcome of the finished one.
     pub close_result: tokio::sync::Mutex<Option<Result<()>>>,
     pub flush_permits: Arc<Semaphore>,
@@ -190,8 +193,8 @@ impl ShardWriter {
     /// existing shard identity), so an open that is bound to fail never
     /// fences a healthy writer. Then: claim (epoch + 1), fence sentinel,
     /// replay of the WAL above the replay cursor (every recorded generation
-    /// rebuilt whole and published, see the crate docs), and the WAL
-    /// appender starts right after the sentinel.
+    /// rebuilt whole and queued for publishing in the background, see the
+    /// crate docs), and the WAL appender starts right after the sentinel.
     pub async fn open(
         table: impl Into<TableLocation>,
         shard: ShardId,

@@ -10,5 +10,6 @@ mod input;
 mod lifecycle;
 mod ordering;
 mod replay;
+mod replay_background;
 mod support;
 mod table_config;

@@ -11,7 +11,10 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch, RecordBatchIterator, String
 use arrow_schema::{DataType, Field, Schema};
 use lance::dataset::mem_wal::DatasetMemWalExt;
 use lance::dataset::{Dataset, WriteParams};
-use memwal::{RetryPolicy, ShardId, ShardManifest, ShardWriter, ShardWriterConfig, StoreLocation};
+use memwal::{
+    ReplayPublish, RetryPolicy, ShardId, ShardManifest, ShardWriter, ShardWriterConfig,
+    StoreLocation,
+};
 use memwal_fencing::{ManifestStore, ShardLayout};
 use memwal_memtable::TableSchema;
 use memwal_sstable::{LanceStore, SsTableReader};
@@ -236,8 +239,20 @@ pub fn keys(ids: &[i64]) -> RecordBatch {
 }
 
 /// Small thresholds, injected-fault friendly retries, no age trigger (no
-/// timing in tests).
+/// timing in tests). Replayed generations are published before `open`
+/// returns, so a test can read what a reopen published right after it;
+/// `replay_background.rs` covers the default (publishing in the
+/// background) with [`background_config`].
 pub fn config() -> ShardWriterConfig {
+    ShardWriterConfig {
+        replay_publish: ReplayPublish::BeforeOpenReturns,
+        ..background_config()
+    }
+}
+
+/// [`config`] with the default replay: `open` is ready once the WAL is
+/// read, replayed generations publish in the background.
+pub fn background_config() -> ShardWriterConfig {
     ShardWriterConfig {
         memtable_max_bytes: 1 << 20,
         memtable_max_rows: 1000,

@@ -1,0 +1,891 @@
+//! memwal's `ShardWriter` against upstream lance's
+//! `lance::dataset::mem_wal::ShardWriter` (lance 14.0.2, public API only)
+//! at equal durability, next to the disk's floor measured in the same run.
+//!
+//! Cases (`--cases`, comma-separated; default all):
+//! - `lone`: 1 producer x 1000-row puts (1 MiB), every writer, plus one
+//!   bare durable create of the same bytes as one WAL entry;
+//! - `multi`: 16 producers x 100-row puts;
+//! - `large`: 1 producer x 8000-row puts (8 MiB) with fsync, plus the disk's
+//!   sequential fdatasync bandwidth in 8 MiB writes;
+//! - `replay`: a WAL left by an aborted writer (memwal's and upstream's),
+//!   copied and reopened by each writer: open until ready, then close;
+//! - `memory`: live heap a writer holds per byte of Arrow payload it
+//!   buffers;
+//! - `overload`: 4 producers against small memory limits: peak heap and RSS.
+//!
+//! Every case runs a warm-up, then `--reps` repetitions that alternate the
+//! writers (ours, upstream, ..., reversed on odd repetitions); tables show
+//! the median and the range over repetitions, ratios are taken per
+//! repetition (pairs that ran back to back) and then summarized.
+//!
+//! Run by hand (release): `cargo run --release -p memwal-benches --bin
+//! writer_bench -- [--cases lone,multi,large,replay,memory,overload]
+//! [--reps 5] [--secs 5] [--ticks 100,5,1] [--replay-mb 200,1000]
+//! [--replay-sources memwal,upstream] [--data /var/tmp] [--out DIR]`.
+//! The report is printed and written into `DIR/RESULTS.md` (default: this
+//! crate's directory), replacing the bench's previous section.
+
+mod cases;
+mod floor;
+mod load;
+mod memory;
+mod report;
+mod rows;
+mod stats;
+mod writers;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use cases::{PutRun, Shape};
+use report::Report;
+use rows::{Rows, ROW_BYTES};
+use stats::{num, pct_ms, Reps};
+use writers::{Durability, Limits, Variant};
+
+#[global_allocator]
+static ALLOC: memory::Counting = memory::Counting;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Case {
+    Lone,
+    Multi,
+    Large,
+    Replay,
+    Memory,
+    Overload,
+}
+
+const ALL_CASES: [Case; 6] = [
+    Case::Lone,
+    Case::Multi,
+    Case::Large,
+    Case::Replay,
+    Case::Memory,
+    Case::Overload,
+];
+
+impl Case {
+    fn parse(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "lone" => Case::Lone,
+            "multi" => Case::Multi,
+            "large" => Case::Large,
+            "replay" => Case::Replay,
+            "memory" => Case::Memory,
+            "overload" => Case::Overload,
+            other => {
+                return Err(format!(
+                    "unknown case `{other}` (lone, multi, large, replay, memory, overload)"
+                ))
+            }
+        })
+    }
+}
+
+struct Args {
+    cases: Vec<Case>,
+    reps: usize,
+    secs: f64,
+    ticks: Vec<u64>,
+    replay_mb: Vec<u64>,
+    replay_sources: Vec<Variant>,
+    /// Only writers whose name starts with one of these (all when empty).
+    writers: Vec<String>,
+    /// lone/multi: memtables absorb the whole window (no flush inside it).
+    no_flush: bool,
+    data: PathBuf,
+    out: PathBuf,
+    command: String,
+}
+
+impl Args {
+    fn keep(&self, v: &Variant) -> bool {
+        self.writers.is_empty()
+            || self
+                .writers
+                .iter()
+                .any(|w| v.name().starts_with(w.as_str()))
+    }
+}
+
+fn list<T>(v: &str, flag: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
+    let out: Vec<T> = v
+        .split(',')
+        .map(|s| f(s.trim()))
+        .collect::<Result<_, _>>()?;
+    if out.is_empty() {
+        return Err(format!("{flag} needs at least one value"));
+    }
+    Ok(out)
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        cases: ALL_CASES.to_vec(),
+        reps: 5,
+        secs: 5.0,
+        ticks: vec![100, 5, 1],
+        replay_mb: vec![200, 1000],
+        replay_sources: vec![
+            Variant::Ours(Durability::NoFsync),
+            Variant::Up(Durability::NoFsync, 1),
+        ],
+        writers: Vec::new(),
+        no_flush: false,
+        data: PathBuf::from("/var/tmp"),
+        out: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        command: std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err("usage: writer_bench [--cases lone,multi,large,replay,memory,overload] [--reps N] [--secs S] [--ticks 100,5,1] [--replay-mb 200,1000] [--replay-sources memwal,upstream] [--writers NAME-PREFIX,...] [--no-flush] [--data DIR] [--out DIR]".into());
+        }
+        if flag == "--no-flush" {
+            a.no_flush = true;
+            continue;
+        }
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let num_err = |e: std::num::ParseIntError| format!("{flag}: {e}");
+        match flag.as_str() {
+            "--cases" => a.cases = list(&value, &flag, Case::parse)?,
+            "--reps" => a.reps = value.parse().map_err(num_err)?,
+            "--secs" => a.secs = value.parse().map_err(|e| format!("{flag}: {e}"))?,
+            "--ticks" => a.ticks = list(&value, &flag, |s| s.parse().map_err(num_err))?,
+            "--replay-mb" => a.replay_mb = list(&value, &flag, |s| s.parse().map_err(num_err))?,
+            "--replay-sources" => {
+                a.replay_sources = list(&value, &flag, |s| match s {
+                    "memwal" => Ok(Variant::Ours(Durability::NoFsync)),
+                    "upstream" => Ok(Variant::Up(Durability::NoFsync, 1)),
+                    other => Err(format!(
+                        "unknown replay source `{other}` (memwal, upstream)"
+                    )),
+                })?
+            }
+            "--writers" => a.writers = list(&value, &flag, |s| Ok(s.to_string()))?,
+            "--data" => a.data = PathBuf::from(value),
+            "--out" => a.out = PathBuf::from(value),
+            other => return Err(format!("unknown flag `{other}` (see --help)")),
+        }
+    }
+    if a.reps == 0 || a.secs.is_nan() || a.secs <= 0.0 || a.ticks.contains(&0) {
+        return Err("need --reps >= 1, --secs > 0, ticks > 0".into());
+    }
+    Ok(a)
+}
+
+/// Every run of one writer in one case, in repetition order.
+trait Series {
+    fn reps(&self, f: impl Fn(&PutRun) -> f64) -> Reps;
+    fn errors(&self) -> String;
+}
+
+impl Series for [PutRun] {
+    fn reps(&self, f: impl Fn(&PutRun) -> f64) -> Reps {
+        Reps(self.iter().map(f).collect())
+    }
+    fn errors(&self) -> String {
+        let mut e: Vec<&str> = self.iter().filter_map(|r| r.err.as_deref()).collect();
+        e.dedup();
+        e.join("; ")
+    }
+}
+
+/// The order of `items` in repetition `rep`: as given, reversed on odd ones.
+fn alternate<T: Copy>(items: &[T], rep: usize) -> Vec<T> {
+    let mut v = items.to_vec();
+    if rep % 2 == 1 {
+        v.reverse();
+    }
+    v
+}
+
+fn throughput_variants(ticks: &[u64]) -> Vec<Variant> {
+    let mut v = Vec::new();
+    for d in [Durability::Fsync, Durability::NoFsync] {
+        v.push(Variant::Ours(d));
+        for t in ticks {
+            v.push(Variant::Up(d, *t));
+        }
+    }
+    v
+}
+
+/// A goal, the figure it is judged on, and whether it held.
+struct Goal {
+    what: String,
+    measured: String,
+    met: Option<bool>,
+}
+
+struct Bench {
+    args: Args,
+    rows: Rows,
+    base: tempfile::TempDir,
+    report: Report,
+    goals: Vec<Goal>,
+}
+
+const LONE_MAX_BYTES: u64 = 2 << 30;
+const LARGE_ROWS: usize = 8000;
+
+impl Bench {
+    fn goal(
+        &mut self,
+        what: impl Into<String>,
+        measured: &Reps,
+        prec: usize,
+        ok: impl Fn(f64) -> bool,
+    ) {
+        let m = measured.median();
+        self.goals.push(Goal {
+            what: what.into(),
+            measured: measured.show(prec),
+            met: m.is_finite().then(|| ok(m)),
+        });
+    }
+
+    /// Puts case: `lone` (with the bare create floor) or `multi`.
+    async fn puts_case(&mut self, title: &str, tag: &str, producers: usize, rows_per_put: usize) {
+        let mut variants = throughput_variants(&self.args.ticks);
+        variants.retain(|v| self.args.keep(v));
+        let shape = Shape {
+            producers,
+            rows_per_put,
+            secs: self.args.secs,
+            max_bytes: LONE_MAX_BYTES,
+            limits: if self.args.no_flush {
+                Limits::absorb(LONE_MAX_BYTES)
+            } else {
+                Limits::equal()
+            },
+        };
+        let lone = producers == 1;
+        let entry =
+            memwal_wal::codec::encode_entry(1, Some(1), &[self.rows.batch(0, rows_per_put)])
+                .expect("the bench's rows encode");
+        let mut runs: BTreeMap<String, Vec<PutRun>> = BTreeMap::new();
+        let (mut floor_fsync, mut floor_nofsync) = (Reps::default(), Reps::default());
+        let warm = Shape {
+            secs: (self.args.secs / 5.0).min(1.0),
+            ..shape
+        };
+        for v in &variants {
+            cases::put_run(self.base.path(), tag, *v, &self.rows, warm).await;
+        }
+        for rep in 0..self.args.reps {
+            if lone {
+                cases::settle();
+                let dir = self.base.path().join("floor");
+                match floor::bare_creates(&dir, &entry, 200, true) {
+                    Ok(l) => floor_fsync.push(pct_ms(&l, 0.5)),
+                    Err(e) => eprintln!("floor (fsync): {e}"),
+                }
+                cases::settle();
+                match floor::bare_creates(&dir, &entry, 500, false) {
+                    Ok(l) => floor_nofsync.push(pct_ms(&l, 0.5)),
+                    Err(e) => eprintln!("floor (nofsync): {e}"),
+                }
+            }
+            for v in alternate(&variants, rep) {
+                let r = cases::put_run(self.base.path(), tag, v, &self.rows, shape).await;
+                eprintln!(
+                    "  {tag} rep {rep} {:<24} {:>9} rows/s p50 {:.2} p99 {:.2} ms ({} puts){}",
+                    v.name(),
+                    num(r.rows_s, 0),
+                    r.p50,
+                    r.p99,
+                    r.puts,
+                    r.err
+                        .as_deref()
+                        .map(|e| format!(" error: {e}"))
+                        .unwrap_or_default()
+                );
+                runs.entry(v.name()).or_default().push(r);
+            }
+        }
+        let r = &mut self.report;
+        r.line(format!("### {title}"));
+        r.line("");
+        let flushing = if self.args.no_flush {
+            "`--no-flush`: memtables hold the whole window (no flush inside it)"
+        } else {
+            "both writers flush a generation every 65,536 rows (1 GiB unflushed at most)"
+        };
+        r.line(format!(
+            "{producers} producer(s), back-to-back puts of {rows_per_put} rows for {} s (or 2 GiB) per repetition; \
+             {flushing}. A put's latency: call until it returns durable. `close` (flushing the rest) is outside the window.",
+            self.args.secs
+        ));
+        r.line("");
+        let mut table = Vec::new();
+        for v in &variants {
+            let s = &runs.get(&v.name()).map_or(&[][..], |r| &r[..]);
+            let p50 = s.reps(|r| r.p50);
+            let mut row = vec![
+                v.name(),
+                s.reps(|r| r.rows_s).show(0),
+                s.reps(|r| r.mb_s).show(0),
+                p50.show(2),
+                s.reps(|r| r.p99).show(2),
+                s.reps(|r| r.puts as f64).show(0),
+                s.reps(|r| r.close_s).show(2),
+            ];
+            if lone {
+                let floor = match v.durability() {
+                    Durability::Fsync => &floor_fsync,
+                    Durability::NoFsync => &floor_nofsync,
+                };
+                row.push(p50.ratio_to(floor).show(2));
+            }
+            row.push(s.errors());
+            table.push(row);
+        }
+        let mut header = vec![
+            "writer", "rows/s", "MB/s", "p50 ms", "p99 ms", "puts/rep", "close s",
+        ];
+        if lone {
+            header.push("p50 / bare create");
+        }
+        header.push("errors");
+        r.table(&header, &table);
+        if lone {
+            r.line(format!(
+                "Bare durable create of one WAL entry of these puts ({} bytes; temp file, write, fsync, link, \
+                 directory fsync), p50 of 200 per repetition: **{} ms**; without the fsyncs (p50 of 500): **{} ms**.",
+                entry.len(),
+                floor_fsync.show(3),
+                floor_nofsync.show(3)
+            ));
+            r.line("");
+        }
+        r.line("Ratios memwal / upstream at equal durability, per repetition (rows/s: > 1 = memwal faster; latency: < 1 = memwal faster):");
+        r.line("");
+        let mut ratios = Vec::new();
+        for d in [Durability::Fsync, Durability::NoFsync] {
+            let ours = &runs
+                .get(&Variant::Ours(d).name())
+                .map_or(&[][..], |r| &r[..]);
+            for t in self.args.ticks.clone() {
+                let up = &runs
+                    .get(&Variant::Up(d, t).name())
+                    .map_or(&[][..], |r| &r[..]);
+                let rows_s = ours.reps(|r| r.rows_s).ratio_to(&up.reps(|r| r.rows_s));
+                let p50 = ours.reps(|r| r.p50).ratio_to(&up.reps(|r| r.p50));
+                let p99 = ours.reps(|r| r.p99).ratio_to(&up.reps(|r| r.p99));
+                ratios.push(vec![
+                    d.name().to_string(),
+                    format!("{t} ms"),
+                    rows_s.show(2),
+                    p50.show(2),
+                    p99.show(2),
+                ]);
+                if t <= 5 {
+                    let label = format!("{title}, {}, upstream tick {t} ms", d.name());
+                    self.goal(format!("{label}: rows/s ratio >= 1.5"), &rows_s, 2, |m| {
+                        m >= 1.5
+                    });
+                    self.goal(format!("{label}: p50 ratio <= 1"), &p50, 2, |m| m <= 1.0);
+                    self.goal(format!("{label}: p99 ratio <= 1"), &p99, 2, |m| m <= 1.0);
+                }
+            }
+        }
+        self.report.table(
+            &["durability", "upstream tick", "rows/s", "p50", "p99"],
+            &ratios,
+        );
+        if lone {
+            for (d, floor) in [
+                (Durability::Fsync, &floor_fsync),
+                (Durability::NoFsync, &floor_nofsync),
+            ] {
+                let ratio = runs
+                    .get(&Variant::Ours(d).name())
+                    .map_or(&[][..], |r| &r[..])
+                    .reps(|r| r.p50)
+                    .ratio_to(floor);
+                self.goal(
+                    format!("{title}, {}: memwal p50 / bare create <= 1.5", d.name()),
+                    &ratio,
+                    2,
+                    |m| m <= 1.5,
+                );
+            }
+        }
+    }
+
+    async fn large_case(&mut self) {
+        let mut variants = vec![Variant::Ours(Durability::Fsync)];
+        variants.extend(
+            self.args
+                .ticks
+                .iter()
+                .map(|t| Variant::Up(Durability::Fsync, *t)),
+        );
+        let shape = Shape {
+            producers: 1,
+            rows_per_put: LARGE_ROWS,
+            secs: self.args.secs,
+            max_bytes: LONE_MAX_BYTES,
+            limits: Limits::absorb(LONE_MAX_BYTES),
+        };
+        let chunk = LARGE_ROWS * ROW_BYTES;
+        let mut runs: BTreeMap<String, Vec<PutRun>> = BTreeMap::new();
+        let mut bw = Reps::default();
+        for rep in 0..self.args.reps {
+            cases::settle();
+            match floor::fdatasync_bandwidth(&self.base.path().join("floor"), 512 << 20, chunk) {
+                Ok(b) => bw.push(b),
+                Err(e) => eprintln!("fdatasync bandwidth: {e}"),
+            }
+            for v in alternate(&variants, rep) {
+                let r = cases::put_run(self.base.path(), "large", v, &self.rows, shape).await;
+                eprintln!("  large rep {rep} {:<24} {:.0} MB/s", v.name(), r.mb_s);
+                runs.entry(v.name()).or_default().push(r);
+            }
+        }
+        let r = &mut self.report;
+        r.line("### Large puts with fsync");
+        r.line("");
+        r.line(format!(
+            "1 producer, back-to-back puts of {LARGE_ROWS} rows ({} MiB) for {} s (or 2 GiB); memtables hold the whole \
+             window (no flush inside it). Floor: sequential writes of {} MiB to one file, each followed by fdatasync \
+             (512 MiB per repetition): **{} MB/s**.",
+            chunk >> 20,
+            self.args.secs,
+            chunk >> 20,
+            bw.show(0)
+        ));
+        r.line("");
+        let mut table = Vec::new();
+        for v in &variants {
+            let s = &runs.get(&v.name()).map_or(&[][..], |r| &r[..]);
+            let frac = s.reps(|r| r.mb_s).ratio_to(&bw);
+            table.push(vec![
+                v.name(),
+                s.reps(|r| r.mb_s).show(0),
+                s.reps(|r| r.p50).show(1),
+                s.reps(|r| r.p99).show(1),
+                frac.show(2),
+                s.errors(),
+            ]);
+            if v.is_ours() {
+                self.goals.push(Goal {
+                    what: "large puts, fsync: memwal MB/s / fdatasync bandwidth >= 0.8".into(),
+                    measured: frac.show(2),
+                    met: frac.median().is_finite().then(|| frac.median() >= 0.8),
+                });
+            }
+        }
+        self.report.table(
+            &[
+                "writer",
+                "MB/s",
+                "p50 ms",
+                "p99 ms",
+                "/ fdatasync bandwidth",
+                "errors",
+            ],
+            &table,
+        );
+    }
+
+    async fn replay_case(&mut self) {
+        let mut readers = vec![
+            Variant::Ours(Durability::Fsync),
+            Variant::Up(Durability::Fsync, 1),
+            Variant::Ours(Durability::NoFsync),
+            Variant::Up(Durability::NoFsync, 1),
+        ];
+        readers.retain(|v| self.args.keep(v));
+        self.report.line("### Replay of the same WAL");
+        self.report.line("");
+        self.report.line(
+            "A writer fills a fresh shard's WAL (4 producers x 1000-row puts, memtable limits above the WAL size so nothing \
+             is flushed) and is aborted. Each repetition copies that table and opens each writer on the copy: `open` is \
+             claim + fence + replay until the writer is ready for puts (memwal publishes the replayed generation as an \
+             SSTable inside open; upstream holds it in its memtable), `close` flushes what it holds. \
+             Each open is checked to hold every row of the WAL. The copy is fresh in the page cache for both writers.",
+        );
+        self.report.line("");
+        let mut table = Vec::new();
+        for mb in self.args.replay_mb.clone() {
+            for src_writer in self.args.replay_sources.clone() {
+                let dir = self.base.path().join("replay-src");
+                let src = match cases::fill_wal(dir.clone(), src_writer, &self.rows, mb * 1_000_000)
+                    .await
+                {
+                    Ok(s) => s,
+                    Err(e) => {
+                        table.push(vec![
+                            format!("{mb} MB by {}", src_writer.name()),
+                            format!("fill failed: {e}"),
+                        ]);
+                        continue;
+                    }
+                };
+                let mut runs: BTreeMap<String, Vec<cases::ReplayRun>> = BTreeMap::new();
+                for rep in 0..self.args.reps {
+                    for v in alternate(&readers, rep) {
+                        let r = cases::replay_run(self.base.path(), &src, v).await;
+                        eprintln!(
+                            "  replay {mb} MB ({}) rep {rep} {:<24} open {:.3} s close {:.3} s{}",
+                            src.writer.name(),
+                            v.name(),
+                            r.open_s,
+                            r.close_s,
+                            r.err
+                                .as_deref()
+                                .map(|e| format!(" error: {e}"))
+                                .unwrap_or_default()
+                        );
+                        runs.entry(v.name()).or_default().push(r);
+                    }
+                }
+                let _ = std::fs::remove_dir_all(&dir);
+                let get = |v: Variant, f: &dyn Fn(&cases::ReplayRun) -> f64| {
+                    Reps(
+                        runs.get(&v.name())
+                            .map_or(&[][..], |r| &r[..])
+                            .iter()
+                            .map(f)
+                            .collect(),
+                    )
+                };
+                let label = format!(
+                    "{} MB / {} entries, by {}",
+                    num(src.wal_bytes as f64 / 1e6, 0),
+                    src.entries,
+                    src.writer.name().trim_end_matches(" 1ms")
+                );
+                for v in readers.iter().copied() {
+                    let open = get(v, &|r| r.open_s);
+                    let both = get(v, &|r| r.open_s + r.close_s);
+                    let (ratio_open, ratio_both) = if v.is_ours() {
+                        let up = Variant::Up(v.durability(), 1);
+                        (
+                            open.ratio_to(&get(up, &|r| r.open_s)).show(2),
+                            both.ratio_to(&get(up, &|r| r.open_s + r.close_s)).show(2),
+                        )
+                    } else {
+                        ("".into(), "".into())
+                    };
+                    let mut errs: Vec<String> = runs
+                        .get(&v.name())
+                        .map_or(&[][..], |r| &r[..])
+                        .iter()
+                        .filter_map(|r| r.err.clone())
+                        .collect();
+                    errs.dedup();
+                    table.push(vec![
+                        label.clone(),
+                        v.name().trim_end_matches(" 1ms").to_string(),
+                        open.show(3),
+                        Reps(
+                            open.0
+                                .iter()
+                                .map(|s| src.wal_bytes as f64 / 1e6 / s)
+                                .collect(),
+                        )
+                        .show(0),
+                        get(v, &|r| r.close_s).show(3),
+                        both.show(3),
+                        ratio_open.clone(),
+                        ratio_both,
+                        errs.join("; "),
+                    ]);
+                    if v.is_ours() {
+                        let up = Variant::Up(v.durability(), 1);
+                        let ratio = open.ratio_to(&get(up, &|r| r.open_s));
+                        self.goal(
+                            format!(
+                                "replay {label}, {}: memwal open / upstream open <= 1",
+                                v.durability().name()
+                            ),
+                            &ratio,
+                            2,
+                            |m| m <= 1.0,
+                        );
+                        if mb >= 1000 && v.durability() == Durability::Fsync {
+                            self.goal(
+                                format!("replay {label}, fsync: memwal claim + replay < 5 s"),
+                                &open,
+                                2,
+                                |m| m < 5.0,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        self.report.table(
+            &[
+                "WAL",
+                "writer",
+                "open s",
+                "open MB/s",
+                "close s",
+                "open + close s",
+                "open / upstream",
+                "open+close / upstream",
+                "errors",
+            ],
+            &table,
+        );
+    }
+
+    async fn memory_case(&mut self) {
+        const N: u64 = 200_000;
+        let variants = [
+            Variant::Ours(Durability::NoFsync),
+            Variant::Up(Durability::NoFsync, 1),
+        ];
+        let mut runs: BTreeMap<String, Vec<cases::MemoryRun>> = BTreeMap::new();
+        for rep in 0..self.args.reps {
+            for v in alternate(&variants, rep) {
+                let r = cases::memory_run(self.base.path(), v, &self.rows, N).await;
+                runs.entry(v.name()).or_default().push(r);
+            }
+        }
+        let r = &mut self.report;
+        r.line("### Memory per byte buffered");
+        r.line("");
+        r.line(format!(
+            "{} rows put (1000-row puts) into a writer that flushes nothing; heap = live bytes the process allocated \
+             more after the puts than before (a counting allocator), against the Arrow payload of the rows \
+             (buffers of the put batches).",
+            num(N as f64, 0)
+        ));
+        r.line("");
+        let mut table = Vec::new();
+        for v in variants.iter().copied() {
+            let s = &runs.get(&v.name()).map_or(&[][..], |r| &r[..]);
+            let ratio = Reps(
+                s.iter()
+                    .map(|m| m.heap_bytes as f64 / m.payload_bytes as f64)
+                    .collect(),
+            );
+            let mut errs: Vec<String> = s.iter().filter_map(|m| m.err.clone()).collect();
+            errs.dedup();
+            table.push(vec![
+                v.name().trim_end_matches(" 1ms").to_string(),
+                num(
+                    s.first().map_or(f64::NAN, |m| m.payload_bytes as f64 / 1e6),
+                    1,
+                ),
+                Reps(s.iter().map(|m| m.heap_bytes as f64 / 1e6).collect()).show(1),
+                ratio.show(3),
+                Reps(s.iter().map(|m| m.rss_bytes as f64 / 1e6).collect()).show(1),
+                errs.join("; "),
+            ]);
+            if v.is_ours() {
+                self.goals.push(Goal {
+                    what: "memtable memory / Arrow payload <= 1.3".into(),
+                    measured: ratio.show(3),
+                    met: ratio.median().is_finite().then(|| ratio.median() <= 1.3),
+                });
+            }
+        }
+        self.report.table(
+            &[
+                "writer",
+                "payload MB",
+                "heap MB",
+                "heap / payload",
+                "RSS growth MB",
+                "errors",
+            ],
+            &table,
+        );
+    }
+
+    async fn overload_case(&mut self) {
+        let limits = Limits {
+            memtable_rows: 16 << 10,
+            memtable_bytes: 64 << 20,
+            unflushed_bytes: 64 << 20,
+        };
+        let shape = Shape {
+            producers: 4,
+            rows_per_put: 1000,
+            secs: self.args.secs,
+            max_bytes: 8 << 30,
+            limits,
+        };
+        let variants = [
+            Variant::Ours(Durability::Fsync),
+            Variant::Up(Durability::Fsync, 1),
+        ];
+        let mut runs: BTreeMap<String, Vec<cases::OverloadRun>> = BTreeMap::new();
+        for rep in 0..self.args.reps {
+            for v in alternate(&variants, rep) {
+                let r = cases::overload_run(self.base.path(), v, &self.rows, shape).await;
+                eprintln!(
+                    "  overload rep {rep} {:<24} peak heap +{:.0} MB rss {:.0} MB waits {:?}",
+                    v.name(),
+                    r.peak_heap_over_base as f64 / 1e6,
+                    r.peak_rss as f64 / 1e6,
+                    r.waits
+                );
+                runs.entry(v.name()).or_default().push(r);
+            }
+        }
+        let r = &mut self.report;
+        r.line("### Memory under overload");
+        r.line("");
+        r.line(format!(
+            "4 producers x 1000-row puts for {} s with fsync; generations of 16,384 rows, at most 64 MiB unflushed \
+             (both writers). Peak heap: the most live bytes above the level when the writer had opened, sampled \
+             every 5 ms.",
+            self.args.secs
+        ));
+        r.line("");
+        let limit = limits.unflushed_bytes as f64;
+        let mut table = Vec::new();
+        for v in variants.iter().copied() {
+            let s = &runs.get(&v.name()).map_or(&[][..], |r| &r[..]);
+            let peak = Reps(s.iter().map(|o| o.peak_heap_over_base as f64).collect());
+            let ratio = Reps(peak.0.iter().map(|p| p / limit).collect());
+            let mut errs: Vec<String> = s.iter().filter_map(|o| o.put.err.clone()).collect();
+            errs.dedup();
+            table.push(vec![
+                v.name(),
+                Reps(s.iter().map(|o| o.put.mb_s).collect()).show(0),
+                Reps(peak.0.iter().map(|p| p / 1e6).collect()).show(0),
+                ratio.show(2),
+                Reps(s.iter().map(|o| o.peak_rss as f64 / 1e6).collect()).show(0),
+                Reps(
+                    s.iter()
+                        .map(|o| o.waits.map_or(f64::NAN, |w| w as f64))
+                        .collect(),
+                )
+                .show(0),
+                errs.join("; "),
+            ]);
+            if v.is_ours() {
+                self.goals.push(Goal {
+                    what: "overload: memwal peak heap growth / max_unflushed_bytes <= 2".into(),
+                    measured: ratio.show(2),
+                    met: ratio.median().is_finite().then(|| ratio.median() <= 2.0),
+                });
+            }
+        }
+        self.report.table(
+            &[
+                "writer",
+                "MB/s",
+                "peak heap MB",
+                "peak heap / unflushed limit",
+                "peak RSS MB",
+                "backpressure waits",
+                "errors",
+            ],
+            &table,
+        );
+    }
+
+    fn goals_table(&mut self) {
+        let rows: Vec<Vec<String>> = self
+            .goals
+            .iter()
+            .map(|g| {
+                vec![
+                    g.what.clone(),
+                    g.measured.clone(),
+                    match g.met {
+                        Some(true) => "yes".into(),
+                        Some(false) => "**no**".into(),
+                        None => "-".into(),
+                    },
+                ]
+            })
+            .collect();
+        self.report
+            .line("### Goals (issue 12), judged on the median per-repetition figure");
+        self.report.line("");
+        self.report
+            .table(&["goal", "measured: median (range)", "met"], &rows);
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("writer_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    let base = match tempfile::Builder::new()
+        .prefix("memwal-writer-bench-")
+        .tempdir_in(&args.data)
+    {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!(
+                "writer_bench: cannot create a directory under {}: {e}",
+                args.data.display()
+            );
+            std::process::exit(2);
+        }
+    };
+    let mut b = Bench {
+        rows: Rows::new(),
+        report: Report::default(),
+        goals: Vec::new(),
+        base,
+        args,
+    };
+    b.report
+        .line("## `writer_bench` (issue 12: memwal vs upstream lance `ShardWriter`)");
+    b.report.line("");
+    b.report.line(format!(
+        "`cargo run --release -p memwal-benches --bin writer_bench -- {}`",
+        b.args.command
+    ));
+    b.report.line("");
+    for l in report::provenance(&b.args.data) {
+        b.report.line(l);
+    }
+    b.report.line(format!(
+        "- rows: {ROW_BYTES} B (Int64 primary key `id`, unique per run, + a distinct 1016-byte Utf8 `v`)"
+    ));
+    b.report.line(format!(
+        "- {} repetitions after a warm-up, writers alternating; figures are `median (min-max)` over repetitions",
+        b.args.reps
+    ));
+    b.report.line("- writers: `memwal fsync` (memwal's default local store: file and directory entry fsynced on every object write), \
+        `memwal nofsync` (object_store `LocalFileSystem` without fsync), `upstream fsync Nms` (lance 14.0.2 `Dataset::mem_wal_writer`, \
+        the dataset opened through a session that maps a private scheme to `LocalFileSystem::with_fsync(true)`, WAL flush tick N ms), \
+        `upstream nofsync Nms` (the same on a plain local path: lance's local store, no fsync)");
+    b.report.line("");
+    let cases = b.args.cases.clone();
+    for c in cases {
+        match c {
+            Case::Lone => {
+                b.puts_case("Lone producer, 1000 x 1 KiB rows per put", "lone", 1, 1000)
+                    .await
+            }
+            Case::Multi => {
+                b.puts_case("16 producers, 100 x 1 KiB rows per put", "multi", 16, 100)
+                    .await
+            }
+            Case::Large => b.large_case().await,
+            Case::Replay => b.replay_case().await,
+            Case::Memory => b.memory_case().await,
+            Case::Overload => b.overload_case().await,
+        }
+    }
+    b.goals_table();
+    let file = b.args.out.join("RESULTS.md");
+    match b.report.write_section(&file) {
+        Ok(()) => eprintln!("writer_bench: report written to {}", file.display()),
+        Err(e) => {
+            eprintln!("writer_bench: writing {}: {e}", file.display());
+            std::process::exit(1);
+        }
+    }
+}
