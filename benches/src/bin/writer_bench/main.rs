@@ -496,6 +496,7 @@ impl Bench {
         let mut readers = vec![
             Variant::Ours(Durability::Fsync),
             Variant::Up(Durability::Fsync, 1),
+            Variant::OursBeforeReady(Durability::Fsync),
             Variant::Ours(Durability::NoFsync),
             Variant::Up(Durability::NoFsync, 1),
         ];
@@ -505,8 +506,9 @@ impl Bench {
         self.report.line(
             "A writer fills a fresh shard's WAL (4 producers x 1000-row puts, memtable limits above the WAL size so nothing \
              is flushed) and is aborted. Each repetition copies that table and opens each writer on the copy: `open` is \
-             claim + fence + replay until the writer is ready for puts (memwal publishes the replayed generation as an \
-             SSTable inside open; upstream holds it in its memtable), `close` flushes what it holds. \
+             claim + fence + replay until the writer is ready for puts (memwal queues the replayed generation to its \
+             flusher, which publishes it in the background; upstream holds it in its memtable), `close` flushes and \
+             publishes what it holds. \
              Each open is checked to hold every row of the WAL. The copy is fresh in the page cache for both writers.",
         );
         self.report.line("");
@@ -596,7 +598,8 @@ impl Bench {
                         ratio_both,
                         errs.join("; "),
                     ]);
-                    if v.is_ours() {
+                    // Goals judge the default (background publish) only.
+                    if matches!(v, Variant::Ours(_)) {
                         let up = Variant::Up(v.durability(), 1);
                         let ratio = open.ratio_to(&get(up, &|r| r.open_s));
                         self.goal(
@@ -860,7 +863,9 @@ async fn main() {
     b.report.line("- writers: `memwal fsync` (memwal's default local store: file and directory entry fsynced on every object write), \
         `memwal nofsync` (object_store `LocalFileSystem` without fsync), `upstream fsync Nms` (lance 14.0.2 `Dataset::mem_wal_writer`, \
         the dataset opened through a session that maps a private scheme to `LocalFileSystem::with_fsync(true)`, WAL flush tick N ms), \
-        `upstream nofsync Nms` (the same on a plain local path: lance's local store, no fsync)");
+        `upstream nofsync Nms` (the same on a plain local path: lance's local store, no fsync); in the replay case also \
+        `memwal fsync publish-before-ready` (`ReplayPublish::BeforeOpenReturns`: open returns once the replayed generation is published, \
+        memwal's behaviour before this bench)");
     b.report.line("");
     let cases = b.args.cases.clone();
     for c in cases {

@@ -22,7 +22,9 @@ use lance::dataset::mem_wal::{
     DatasetMemWalExt, ShardWriter as UpWriter, ShardWriterConfig as UpConfig,
 };
 use lance::dataset::{Dataset, WriteParams};
-use memwal::{ShardId, ShardWriter as OurWriter, ShardWriterConfig as OurConfig, StoreLocation};
+use memwal::{
+    ReplayPublish, ShardId, ShardWriter as OurWriter, ShardWriterConfig as OurConfig, StoreLocation,
+};
 use memwal_sstable::LanceStore;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjPath;
@@ -48,6 +50,8 @@ impl Durability {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Variant {
     Ours(Durability),
+    /// memwal with `ReplayPublish::BeforeOpenReturns` (replay case only).
+    OursBeforeReady(Durability),
     /// Upstream with its WAL flush tick in milliseconds.
     Up(Durability, u64),
 }
@@ -56,18 +60,19 @@ impl Variant {
     pub fn name(self) -> String {
         match self {
             Variant::Ours(d) => format!("memwal {}", d.name()),
+            Variant::OursBeforeReady(d) => format!("memwal {} publish-before-ready", d.name()),
             Variant::Up(d, tick) => format!("upstream {} {tick}ms", d.name()),
         }
     }
 
     pub fn durability(self) -> Durability {
         match self {
-            Variant::Ours(d) | Variant::Up(d, _) => d,
+            Variant::Ours(d) | Variant::OursBeforeReady(d) | Variant::Up(d, _) => d,
         }
     }
 
     pub fn is_ours(self) -> bool {
-        matches!(self, Variant::Ours(_))
+        matches!(self, Variant::Ours(_) | Variant::OursBeforeReady(_))
     }
 }
 
@@ -164,9 +169,12 @@ pub enum Writer {
 impl Writer {
     pub async fn open(variant: Variant, t: &Target, limits: Limits) -> Result<Self, String> {
         match variant {
-            Variant::Ours(d) => {
+            Variant::Ours(d) | Variant::OursBeforeReady(d) => {
                 let shard = ShardId::from(t.shard);
-                let config = limits.ours();
+                let mut config = limits.ours();
+                if matches!(variant, Variant::OursBeforeReady(_)) {
+                    config.replay_publish = ReplayPublish::BeforeOpenReturns;
+                }
                 let w = match d {
                     Durability::Fsync => {
                         OurWriter::open(path_str(&t.dir)?.as_str(), shard, config).await
@@ -244,17 +252,22 @@ impl Writer {
         }
     }
 
-    /// Rows the writer holds after opening on a WAL: memwal publishes every
-    /// replayed generation during open (SSTable rows), upstream keeps the
-    /// replayed rows in its active memtable.
+    /// Rows the writer holds after opening on a WAL: memwal's replayed
+    /// generations are published (SSTable rows) or queued to publish in the
+    /// background (frozen rows); upstream keeps the replayed rows in its
+    /// active memtable.
     pub async fn replayed_rows(&self) -> Result<u64, String> {
         match self {
-            Writer::Ours(w) => Ok(w
-                .manifest()
-                .sstables
-                .iter()
-                .map(|s| s.physical_rows.unwrap_or(0))
-                .sum()),
+            Writer::Ours(w) => {
+                let published: u64 = w
+                    .manifest()
+                    .sstables
+                    .iter()
+                    .map(|s| s.physical_rows.unwrap_or(0))
+                    .sum();
+                let queued: usize = w.stats().unpublished.iter().map(|(_, rows)| rows).sum();
+                Ok(published + queued as u64)
+            }
             Writer::Up(w) => w
                 .memtable_stats()
                 .await
