@@ -32,17 +32,25 @@ pub struct WalConfig {
     /// a single larger append still goes alone in its own entry.
     pub max_entry_bytes: usize,
     /// How long the task waits, once work is queued and no PUT is in
-    /// flight, before taking it. 0 (the default) means never wait: no timer
-    /// is on the durable path.
+    /// flight, before taking it. 0 (the default) means never wait.
     pub linger: Duration,
+    /// Regrouping: when the previous entry carried N appends and fewer
+    /// than N are queued once it is acknowledged, the task waits for the
+    /// other producers to come back, for at most half the previous PUT's
+    /// duration and at most this long, so concurrent producers keep
+    /// sharing one entry instead of splitting into a small and a large
+    /// one. A lone producer (N = 1) never waits; after a wait that timed
+    /// out, N follows the smaller group. Default 1 ms; 0 disables.
+    pub max_regroup_wait: Duration,
 }
 
 impl Default for WalConfig {
-    /// 16 MiB entries, no linger.
+    /// 16 MiB entries, no linger, regrouping up to 1 ms.
     fn default() -> Self {
         Self {
             max_entry_bytes: 16 << 20,
             linger: Duration::ZERO,
+            max_regroup_wait: Duration::from_millis(1),
         }
     }
 }

@@ -27,6 +27,16 @@ pub(crate) struct CommitTask {
     /// Generation of the appends at the head of the queue.
     generation: u64,
     meters: Meters,
+    /// What the previous entry was: its appends, its PUT's duration and
+    /// when it was acknowledged (regrouping, see `WalConfig`).
+    previous: Option<Previous>,
+}
+
+#[derive(Clone, Copy)]
+struct Previous {
+    appends: usize,
+    put: std::time::Duration,
+    acked: tokio::time::Instant,
 }
 
 /// The appender's metric handles, labelled with its shard.
@@ -129,7 +139,19 @@ impl CommitTask {
             next: first_position,
             generation,
             meters,
+            previous: None,
         }
+    }
+
+    /// Until when to wait for more appends before taking `queued` of them
+    /// (`None`: take them now).
+    fn regroup_until(&self, queued: usize) -> Option<tokio::time::Instant> {
+        let prev = self.previous?;
+        if queued == 0 || queued >= prev.appends {
+            return None;
+        }
+        let deadline = prev.acked + (prev.put / 2).min(self.config.max_regroup_wait);
+        (tokio::time::Instant::now() < deadline).then_some(deadline)
     }
 
     pub(crate) async fn run(mut self) {
@@ -150,18 +172,23 @@ impl CommitTask {
         loop {
             let mut switches = Vec::new();
             let mut group = Vec::new();
-            let closing = {
+            let (closing, regroup) = {
                 let mut q = self.shared.queue.lock();
                 while matches!(q.items.front(), Some(Item::Switch { .. })) {
                     if let Some(Item::Switch { generation, tx }) = q.items.pop_front() {
                         switches.push((generation, tx));
                     }
                 }
-                if lingered {
+                let regroup = if lingered && !q.closing {
+                    self.regroup_until(q.queued_appends)
+                } else {
+                    None
+                };
+                if lingered && regroup.is_none() {
                     take_group(&mut q.items, self.config.max_entry_bytes, &mut group);
                     q.queued_appends -= group.len();
                 }
-                q.closing
+                (q.closing, regroup)
             };
             for (generation, tx) in switches {
                 let previous_generation = self.generation;
@@ -174,6 +201,15 @@ impl CommitTask {
             }
             if !group.is_empty() {
                 return Some(group);
+            }
+            if let Some(deadline) = regroup {
+                let more = self.shared.wake.notified();
+                if tokio::time::timeout_at(deadline, more).await.is_err() {
+                    // Waited long enough: the producers that did not come
+                    // back no longer count.
+                    self.previous = None;
+                }
+                continue;
             }
             if !lingered && self.shared.queue.lock().queued_appends > 0 {
                 tokio::time::sleep(self.config.linger).await;
@@ -221,6 +257,7 @@ impl CommitTask {
             generation
         );
         let started = Instant::now();
+        let put_started = tokio::time::Instant::now();
         memwal_store::crash_point("wal::before_put");
         if memwal_store::broken("broken::wal_ack_before_put") {
             let early = InFlight {
@@ -241,6 +278,12 @@ impl CommitTask {
                 memwal_store::crash_point("wal::after_put");
                 self.shared.durable.store(position, Ordering::SeqCst);
                 inflight.ack(generation);
+                self.previous =
+                    (self.config.max_regroup_wait > std::time::Duration::ZERO).then(|| Previous {
+                        appends,
+                        put: put_started.elapsed(),
+                        acked: tokio::time::Instant::now(),
+                    });
                 self.meters.entries.increment(1);
                 self.meters.bytes.increment(len as u64);
                 self.meters.appends.increment(appends as u64);

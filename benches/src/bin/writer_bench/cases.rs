@@ -39,8 +39,12 @@ fn dir_name(tag: &str, v: Variant) -> String {
 
 /// One timed window of puts.
 pub struct PutRun {
+    pub rows: u64,
+    pub window_s: f64,
     pub rows_s: f64,
     pub mb_s: f64,
+    /// MB/s over the time inside put calls (one producer: its bandwidth).
+    pub in_put_mb_s: f64,
     pub p50: f64,
     pub p99: f64,
     pub puts: usize,
@@ -50,10 +54,20 @@ pub struct PutRun {
 }
 
 impl PutRun {
+    /// Rows per second over the window plus the close that flushed what
+    /// the window left unpublished (a writer that defers its flushes pays
+    /// for them here).
+    pub fn sustained_rows_s(&self) -> f64 {
+        self.rows as f64 / (self.window_s + self.close_s)
+    }
+
     fn failed(e: String) -> Self {
         Self {
+            rows: 0,
+            window_s: f64::NAN,
             rows_s: f64::NAN,
             mb_s: f64::NAN,
+            in_put_mb_s: f64::NAN,
             p50: f64::NAN,
             p99: f64::NAN,
             puts: 0,
@@ -64,8 +78,11 @@ impl PutRun {
 
     fn of(load: &Load) -> Self {
         Self {
+            rows: load.rows,
+            window_s: load.secs,
             rows_s: load.rows_s(),
             mb_s: load.mb_s(),
+            in_put_mb_s: load.in_put_mb_s(),
             p50: pct_ms(&load.lat, 0.5),
             p99: pct_ms(&load.lat, 0.99),
             puts: load.lat.len(),

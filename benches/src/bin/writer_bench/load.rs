@@ -28,6 +28,13 @@ impl Load {
     pub fn mb_s(&self) -> f64 {
         (self.rows * ROW_BYTES as u64) as f64 / self.secs / 1e6
     }
+
+    /// MB/s over the time spent inside put calls (the producer's own work
+    /// of building the next batch excluded).
+    pub fn in_put_mb_s(&self) -> f64 {
+        let busy: f64 = self.lat.iter().map(Duration::as_secs_f64).sum();
+        (self.rows * ROW_BYTES as u64) as f64 / busy / 1e6
+    }
 }
 
 /// `producers` tasks putting `rows_per_put` fresh rows (ids from

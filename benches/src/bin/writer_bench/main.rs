@@ -316,7 +316,9 @@ impl Bench {
         };
         r.line(format!(
             "{producers} producer(s), back-to-back puts of {rows_per_put} rows for {} s (or 2 GiB) per repetition; \
-             {flushing}. A put's latency: call until it returns durable. `close` (flushing the rest) is outside the window.",
+             {flushing}. A put's latency: call until it returns durable. `close` (flushing and publishing what the window left) is \
+             outside the window; `rows/s incl. close` divides the same rows by window + close (a writer whose \
+             flushes lag behind its puts pays for them there).",
             self.args.secs
         ));
         r.line("");
@@ -327,6 +329,7 @@ impl Bench {
             let mut row = vec![
                 v.name(),
                 s.reps(|r| r.rows_s).show(0),
+                s.reps(|r| r.sustained_rows_s()).show(0),
                 s.reps(|r| r.mb_s).show(0),
                 p50.show(2),
                 s.reps(|r| r.p99).show(2),
@@ -344,7 +347,14 @@ impl Bench {
             table.push(row);
         }
         let mut header = vec![
-            "writer", "rows/s", "MB/s", "p50 ms", "p99 ms", "puts/rep", "close s",
+            "writer",
+            "rows/s",
+            "rows/s incl. close",
+            "MB/s",
+            "p50 ms",
+            "p99 ms",
+            "puts/rep",
+            "close s",
         ];
         if lone {
             header.push("p50 / bare create");
@@ -373,12 +383,16 @@ impl Bench {
                     .get(&Variant::Up(d, t).name())
                     .map_or(&[][..], |r| &r[..]);
                 let rows_s = ours.reps(|r| r.rows_s).ratio_to(&up.reps(|r| r.rows_s));
+                let sustained = ours
+                    .reps(|r| r.sustained_rows_s())
+                    .ratio_to(&up.reps(|r| r.sustained_rows_s()));
                 let p50 = ours.reps(|r| r.p50).ratio_to(&up.reps(|r| r.p50));
                 let p99 = ours.reps(|r| r.p99).ratio_to(&up.reps(|r| r.p99));
                 ratios.push(vec![
                     d.name().to_string(),
                     format!("{t} ms"),
                     rows_s.show(2),
+                    sustained.show(2),
                     p50.show(2),
                     p99.show(2),
                 ]);
@@ -387,13 +401,26 @@ impl Bench {
                     self.goal(format!("{label}: rows/s ratio >= 1.5"), &rows_s, 2, |m| {
                         m >= 1.5
                     });
+                    self.goal(
+                        format!("{label}: rows/s incl. close ratio >= 1.5"),
+                        &sustained,
+                        2,
+                        |m| m >= 1.5,
+                    );
                     self.goal(format!("{label}: p50 ratio <= 1"), &p50, 2, |m| m <= 1.0);
                     self.goal(format!("{label}: p99 ratio <= 1"), &p99, 2, |m| m <= 1.0);
                 }
             }
         }
         self.report.table(
-            &["durability", "upstream tick", "rows/s", "p50", "p99"],
+            &[
+                "durability",
+                "upstream tick",
+                "rows/s",
+                "rows/s incl. close",
+                "p50",
+                "p99",
+            ],
             &ratios,
         );
         if lone {
@@ -452,7 +479,9 @@ impl Bench {
         r.line(format!(
             "1 producer, back-to-back puts of {LARGE_ROWS} rows ({} MiB) for {} s (or 2 GiB); memtables hold the whole \
              window (no flush inside it). Floor: sequential writes of {} MiB to one file, each followed by fdatasync \
-             (512 MiB per repetition): **{} MB/s**.",
+             (512 MiB per repetition): **{} MB/s**. `MB/s` counts the whole window (the producer builds each batch \
+             between puts); `in-put MB/s` the time inside put calls, which is what the floor measures and what \
+             the goal is judged on.",
             chunk >> 20,
             self.args.secs,
             chunk >> 20,
@@ -462,10 +491,11 @@ impl Bench {
         let mut table = Vec::new();
         for v in &variants {
             let s = &runs.get(&v.name()).map_or(&[][..], |r| &r[..]);
-            let frac = s.reps(|r| r.mb_s).ratio_to(&bw);
+            let frac = s.reps(|r| r.in_put_mb_s).ratio_to(&bw);
             table.push(vec![
                 v.name(),
                 s.reps(|r| r.mb_s).show(0),
+                s.reps(|r| r.in_put_mb_s).show(0),
                 s.reps(|r| r.p50).show(1),
                 s.reps(|r| r.p99).show(1),
                 frac.show(2),
@@ -473,7 +503,8 @@ impl Bench {
             ]);
             if v.is_ours() {
                 self.goals.push(Goal {
-                    what: "large puts, fsync: memwal MB/s / fdatasync bandwidth >= 0.8".into(),
+                    what: "large puts, fsync: memwal in-put MB/s / fdatasync bandwidth >= 0.8"
+                        .into(),
                     measured: frac.show(2),
                     met: frac.median().is_finite().then(|| frac.median() >= 0.8),
                 });
@@ -483,9 +514,10 @@ impl Bench {
             &[
                 "writer",
                 "MB/s",
+                "in-put MB/s",
                 "p50 ms",
                 "p99 ms",
-                "/ fdatasync bandwidth",
+                "in-put / fdatasync bandwidth",
                 "errors",
             ],
             &table,
@@ -705,9 +737,11 @@ impl Bench {
     }
 
     async fn overload_case(&mut self) {
+        // Upstream needs its memtable size plus its index reservation to fit
+        // under the unflushed limit.
         let limits = Limits {
             memtable_rows: 16 << 10,
-            memtable_bytes: 64 << 20,
+            memtable_bytes: 48 << 20,
             unflushed_bytes: 64 << 20,
         };
         let shape = Shape {
@@ -739,9 +773,9 @@ impl Bench {
         r.line("### Memory under overload");
         r.line("");
         r.line(format!(
-            "4 producers x 1000-row puts for {} s with fsync; generations of 16,384 rows, at most 64 MiB unflushed \
-             (both writers). Peak heap: the most live bytes above the level when the writer had opened, sampled \
-             every 5 ms.",
+            "4 producers x 1000-row puts for {} s with fsync; generations of 16,384 rows (or 48 MiB), at most 64 MiB \
+             unflushed (both writers). Peak heap / RSS: the most live heap bytes / resident bytes above the level when \
+             the writer had opened, sampled every 5 ms.",
             self.args.secs
         ));
         r.line("");
@@ -781,7 +815,7 @@ impl Bench {
                 "MB/s",
                 "peak heap MB",
                 "peak heap / unflushed limit",
-                "peak RSS MB",
+                "peak RSS growth MB",
                 "backpressure waits",
                 "errors",
             ],

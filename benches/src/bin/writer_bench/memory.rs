@@ -60,7 +60,8 @@ pub fn rss() -> usize {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Peak live heap and RSS sampled every 5 ms until stopped.
+/// Peak live heap and RSS growth (over the RSS at start) sampled every
+/// 5 ms until stopped.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<(usize, usize)>,
@@ -70,19 +71,20 @@ impl Sampler {
     pub fn start() -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
+        let rss0 = rss();
         let task = tokio::spawn(async move {
-            let (mut heap, mut rss_peak) = (0, 0);
+            let (mut heap, mut rss_peak) = (0, rss0);
             while !s.load(Ordering::Relaxed) {
                 heap = heap.max(live_heap());
                 rss_peak = rss_peak.max(rss());
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            (heap, rss_peak)
+            (heap, rss_peak - rss0)
         });
         Self { stop, task }
     }
 
-    /// (peak live heap, peak RSS) in bytes.
+    /// (peak live heap, peak RSS growth) in bytes.
     pub async fn finish(self) -> (usize, usize) {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.unwrap_or((0, 0))

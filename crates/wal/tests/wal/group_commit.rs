@@ -383,3 +383,62 @@ async fn an_unencodable_append_poisons_the_appender() {
     );
     assert_eq!(fs.count(OpKind::Put, loc.path(3).as_ref()), 0);
 }
+
+/// Producers that come back right after their entry is acknowledged share
+/// the next entry again (regrouping), and a lone producer never waits.
+/// Paused clock, every WAL PUT takes 10 ms. Breaks if the first returning
+/// append is taken alone (the producers would split into a small and a
+/// large entry), or if a lone producer's append waits for company.
+#[tokio::test(start_paused = true)]
+async fn producers_returning_after_an_ack_share_one_entry() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let w = open_writer(fs.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    let prefix = wal_prefix(&root, shard);
+    fs.set_hook(move |op| {
+        if op.kind == OpKind::Put && op.path.starts_with(&prefix) {
+            Action::Delay(std::time::Duration::from_millis(10))
+        } else {
+            Action::Pass
+        }
+    });
+    // Four producers in one entry.
+    let tickets: Vec<_> = (0..4)
+        .map(|i| w.wal.submit(vec![rows(&[i])]).unwrap())
+        .collect();
+    let mut first = Vec::new();
+    for t in tickets {
+        first.push(t.await.unwrap().position);
+    }
+    assert!(first.iter().all(|p| *p == first[0]), "{first:?}");
+    // One comes back at once, the other three a moment later.
+    let early = w.wal.submit(vec![rows(&[10])]).unwrap();
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    let late: Vec<_> = (11..14)
+        .map(|i| w.wal.submit(vec![rows(&[i])]).unwrap())
+        .collect();
+    let mut second = vec![early.await.unwrap().position];
+    for t in late {
+        second.push(t.await.unwrap().position);
+    }
+    assert_eq!(
+        second,
+        vec![first[0] + 1; 4],
+        "the four share the next entry"
+    );
+    // Alone now: one wait for company that does not come, then none.
+    w.wal.append(vec![rows(&[20])]).await.unwrap();
+    let t = tokio::time::Instant::now();
+    w.wal.append(vec![rows(&[21])]).await.unwrap();
+    assert_eq!(
+        t.elapsed(),
+        std::time::Duration::from_millis(10),
+        "a lone producer's append costs its PUT only"
+    );
+}
