@@ -49,6 +49,7 @@ pub(crate) async fn write_dataset(
     batches: &[RecordBatch],
     deleted: &RoaringBitmap,
     version: LanceFileVersion,
+    compression: SsTableCompression,
 ) -> Result<()> {
     let uri = lance.uri(dir);
     let err = SsTableError::lance;
@@ -63,8 +64,14 @@ pub(crate) async fn write_dataset(
     let arrow_schema = batches[0].schema();
     let owned: Vec<RecordBatch> = batches.to_vec();
     let reader = RecordBatchIterator::new(owned.into_iter().map(Ok), arrow_schema);
+    // The data file is encoded with `compression`'s field metadata; the
+    // manifest keeps `schema` itself, so readers see the table's fields.
+    let encode_schema = match compression {
+        SsTableCompression::Off => uncompressed(schema),
+        SsTableCompression::Lance => schema.clone(),
+    };
     let fragment = FragmentCreateBuilder::new(&uri)
-        .schema(schema)
+        .schema(&encode_schema)
         .write_params(&params)
         .write(reader, Some(0))
         .await
@@ -128,6 +135,44 @@ pub(crate) async fn write_dataset(
     .await
     .map_err(err(&manifest_path))?;
     Ok(())
+}
+
+/// How an SSTable's data file is encoded.
+///
+/// SSTables are short-lived: the compactor rewrites their rows into the
+/// base table, which is encoded by the base table's own settings whatever
+/// this says. Either way any lance reader (ours, upstream's LSM scanner)
+/// reads the SSTable, and its manifest schema is the table's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SsTableCompression {
+    /// Columns are written without compression (no FSST, no general-purpose
+    /// block compression) unless a field's own metadata names a scheme
+    /// (`lance-encoding:compression`): flushes spend far less CPU, at the
+    /// price of SSTables as large as the Arrow data for compressible rows.
+    #[default]
+    Off,
+    /// Lance's default encoding choices (as for any lance dataset).
+    Lance,
+}
+
+/// lance-encoding's field metadata key choosing a column's compression
+/// (`lance_encoding::constants::COMPRESSION_META_KEY` in lance 14).
+const COMPRESSION_META_KEY: &str = "lance-encoding:compression";
+
+/// `schema` with every field (nested ones too) asking lance's encoder for
+/// no compression (`lance-encoding:compression = none`) unless it names a
+/// scheme itself.
+fn uncompressed(schema: &LanceSchema) -> LanceSchema {
+    fn mark(field: &mut lance_core::datatypes::Field) {
+        field
+            .metadata
+            .entry(COMPRESSION_META_KEY.to_string())
+            .or_insert_with(|| "none".to_string());
+        field.children.iter_mut().for_each(mark);
+    }
+    let mut out = schema.clone();
+    out.fields.iter_mut().for_each(mark);
+    out
 }
 
 /// Opens the dataset at `dir` through `lance`'s session.

@@ -18,6 +18,10 @@
 //! [`SsTableWriter::with_bloom_sizing`] sizes it for more keys; upstream
 //! readers accept any size.
 //!
+//! Data files are written without compression by default
+//! ([`SsTableCompression`]): a flush is CPU the write path competes with,
+//! and the compactor re-encodes the rows into the base table anyway.
+//!
 //! Our point lookup trusts a bloom "absent" only for keys made of Int32,
 //! Int64, Utf8 and Binary columns: upstream lance 14.0.2's writer hashes
 //! other key types by their null flag alone, so for them (in SSTables from
@@ -32,7 +36,7 @@ mod reader;
 mod writer;
 
 pub use bloom::{decode_filter, BloomSizing, BLOOM_EXPECTED_KEYS, BLOOM_FILTER_FILE, BLOOM_FPP};
-pub use dataset::lance_schema;
+pub use dataset::{lance_schema, SsTableCompression};
 pub use error::{Result, SsTableError};
 pub use lance_file::version::LanceFileVersion;
 pub use lance_store::LanceStore;

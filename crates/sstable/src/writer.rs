@@ -14,7 +14,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use roaring::RoaringBitmap;
 
 use crate::bloom::{build_filter, BloomSizing, BLOOM_FILTER_FILE};
-use crate::dataset::{lance_schema, open_dataset, write_dataset};
+use crate::dataset::{lance_schema, open_dataset, write_dataset, SsTableCompression};
 use crate::error::{Result, SsTableError};
 use crate::lance_store::LanceStore;
 use crate::pk_index::{training_batch, write_index};
@@ -59,6 +59,7 @@ pub struct SsTableWriter {
     layout: ShardLayout,
     storage_version: LanceFileVersion,
     bloom: BloomSizing,
+    compression: SsTableCompression,
 }
 
 impl SsTableWriter {
@@ -75,6 +76,7 @@ impl SsTableWriter {
             layout,
             storage_version,
             bloom: BloomSizing::UPSTREAM,
+            compression: SsTableCompression::default(),
         }
     }
 
@@ -83,6 +85,13 @@ impl SsTableWriter {
     /// otherwise gets a filter with a high false-positive rate).
     pub fn with_bloom_sizing(mut self, sizing: BloomSizing) -> Self {
         self.bloom = sizing;
+        self
+    }
+
+    /// Encodes data files as `compression` says (default:
+    /// [`SsTableCompression::Off`]).
+    pub fn with_compression(mut self, compression: SsTableCompression) -> Self {
+        self.compression = compression;
         self
     }
 
@@ -112,6 +121,7 @@ impl SsTableWriter {
             &data.batches,
             &deleted,
             self.storage_version,
+            self.compression,
         )
         .await?;
         memwal_store::crash_point("sstable::before_sidecars");

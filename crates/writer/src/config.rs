@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use memwal_proto::ShardingSpec;
+use memwal_sstable::SsTableCompression;
 use memwal_store::RetryPolicy;
 
 use crate::{Error, Result};
@@ -100,6 +101,11 @@ pub struct ShardWriterConfig {
     /// When `open` may return after replaying the WAL. Default
     /// [`ReplayPublish::InBackground`].
     pub replay_publish: ReplayPublish,
+    /// How flushed SSTables' data files are encoded. Default
+    /// [`SsTableCompression::Off`]: flushes take far less CPU from the
+    /// write path; SSTables of compressible rows are larger until the
+    /// compactor rewrites them into the (compressed) base table.
+    pub sstable_compression: SsTableCompression,
     /// How long a put waits for room under backpressure before failing
     /// with [`Error::Backpressure`]. Default 30 s.
     pub backpressure_timeout: Duration,
@@ -132,6 +138,7 @@ impl Default for ShardWriterConfig {
             backpressure_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(60),
             replay_publish: ReplayPublish::InBackground,
+            sstable_compression: SsTableCompression::Off,
         }
     }
 }

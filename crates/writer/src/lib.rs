@@ -46,6 +46,7 @@ mod writer;
 pub use config::{ReplayPublish, ShardWriterConfig, ShardingConfig};
 pub use error::{Error, Result, Source};
 pub use memwal_fencing::{ShardId, ShardIdentity, ShardManifest};
+pub use memwal_sstable::SsTableCompression;
 pub use memwal_store::{RetryPolicy, StoreLocation};
 pub use open::TableLocation;
 pub use put::PutHandle;

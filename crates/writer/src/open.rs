@@ -134,7 +134,8 @@ async fn open_inner(
             loc.store.clone(),
             manifests.layout().clone(),
             storage_version,
-        ),
+        )
+        .with_compression(config.sstable_compression),
         schema: schema.clone(),
         base: Arc::new(lance),
         base_root: loc.root.clone(),

@@ -26,6 +26,7 @@
 //! The report is printed and written into `DIR/RESULTS.md` (default: this
 //! crate's directory), replacing the bench's previous section.
 
+mod args;
 mod cases;
 mod floor;
 mod load;
@@ -36,8 +37,8 @@ mod stats;
 mod writers;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
+use args::{parse_args, Args, Case};
 use cases::{PutRun, Shape};
 use report::Report;
 use rows::{Rows, ROW_BYTES};
@@ -46,135 +47,6 @@ use writers::{Durability, Limits, Variant};
 
 #[global_allocator]
 static ALLOC: memory::Counting = memory::Counting;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Case {
-    Lone,
-    Multi,
-    Large,
-    Replay,
-    Memory,
-    Overload,
-}
-
-const ALL_CASES: [Case; 6] = [
-    Case::Lone,
-    Case::Multi,
-    Case::Large,
-    Case::Replay,
-    Case::Memory,
-    Case::Overload,
-];
-
-impl Case {
-    fn parse(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "lone" => Case::Lone,
-            "multi" => Case::Multi,
-            "large" => Case::Large,
-            "replay" => Case::Replay,
-            "memory" => Case::Memory,
-            "overload" => Case::Overload,
-            other => {
-                return Err(format!(
-                    "unknown case `{other}` (lone, multi, large, replay, memory, overload)"
-                ))
-            }
-        })
-    }
-}
-
-struct Args {
-    cases: Vec<Case>,
-    reps: usize,
-    secs: f64,
-    ticks: Vec<u64>,
-    replay_mb: Vec<u64>,
-    replay_sources: Vec<Variant>,
-    /// Only writers whose name starts with one of these (all when empty).
-    writers: Vec<String>,
-    /// lone/multi: memtables absorb the whole window (no flush inside it).
-    no_flush: bool,
-    data: PathBuf,
-    out: PathBuf,
-    command: String,
-}
-
-impl Args {
-    fn keep(&self, v: &Variant) -> bool {
-        self.writers.is_empty()
-            || self
-                .writers
-                .iter()
-                .any(|w| v.name().starts_with(w.as_str()))
-    }
-}
-
-fn list<T>(v: &str, flag: &str, f: impl Fn(&str) -> Result<T, String>) -> Result<Vec<T>, String> {
-    let out: Vec<T> = v
-        .split(',')
-        .map(|s| f(s.trim()))
-        .collect::<Result<_, _>>()?;
-    if out.is_empty() {
-        return Err(format!("{flag} needs at least one value"));
-    }
-    Ok(out)
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut a = Args {
-        cases: ALL_CASES.to_vec(),
-        reps: 5,
-        secs: 5.0,
-        ticks: vec![100, 5, 1],
-        replay_mb: vec![200, 1000],
-        replay_sources: vec![
-            Variant::Ours(Durability::NoFsync),
-            Variant::Up(Durability::NoFsync, 1),
-        ],
-        writers: Vec::new(),
-        no_flush: false,
-        data: PathBuf::from("/var/tmp"),
-        out: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        command: std::env::args().skip(1).collect::<Vec<_>>().join(" "),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            return Err("usage: writer_bench [--cases lone,multi,large,replay,memory,overload] [--reps N] [--secs S] [--ticks 100,5,1] [--replay-mb 200,1000] [--replay-sources memwal,upstream] [--writers NAME-PREFIX,...] [--no-flush] [--data DIR] [--out DIR]".into());
-        }
-        if flag == "--no-flush" {
-            a.no_flush = true;
-            continue;
-        }
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
-        let num_err = |e: std::num::ParseIntError| format!("{flag}: {e}");
-        match flag.as_str() {
-            "--cases" => a.cases = list(&value, &flag, Case::parse)?,
-            "--reps" => a.reps = value.parse().map_err(num_err)?,
-            "--secs" => a.secs = value.parse().map_err(|e| format!("{flag}: {e}"))?,
-            "--ticks" => a.ticks = list(&value, &flag, |s| s.parse().map_err(num_err))?,
-            "--replay-mb" => a.replay_mb = list(&value, &flag, |s| s.parse().map_err(num_err))?,
-            "--replay-sources" => {
-                a.replay_sources = list(&value, &flag, |s| match s {
-                    "memwal" => Ok(Variant::Ours(Durability::NoFsync)),
-                    "upstream" => Ok(Variant::Up(Durability::NoFsync, 1)),
-                    other => Err(format!(
-                        "unknown replay source `{other}` (memwal, upstream)"
-                    )),
-                })?
-            }
-            "--writers" => a.writers = list(&value, &flag, |s| Ok(s.to_string()))?,
-            "--data" => a.data = PathBuf::from(value),
-            "--out" => a.out = PathBuf::from(value),
-            other => return Err(format!("unknown flag `{other}` (see --help)")),
-        }
-    }
-    if a.reps == 0 || a.secs.is_nan() || a.secs <= 0.0 || a.ticks.contains(&0) {
-        return Err("need --reps >= 1, --secs > 0, ticks > 0".into());
-    }
-    Ok(a)
-}
 
 /// Every run of one writer in one case, in repetition order.
 trait Series {
@@ -206,6 +78,9 @@ fn throughput_variants(ticks: &[u64]) -> Vec<Variant> {
     let mut v = Vec::new();
     for d in [Durability::Fsync, Durability::NoFsync] {
         v.push(Variant::Ours(d));
+        if d == Durability::Fsync {
+            v.push(Variant::OursSsTableLance(d));
+        }
         for t in ticks {
             v.push(Variant::Up(d, *t));
         }
@@ -899,7 +774,10 @@ async fn main() {
         the dataset opened through a session that maps a private scheme to `LocalFileSystem::with_fsync(true)`, WAL flush tick N ms), \
         `upstream nofsync Nms` (the same on a plain local path: lance's local store, no fsync); in the replay case also \
         `memwal fsync publish-before-ready` (`ReplayPublish::BeforeOpenReturns`: open returns once the replayed generation is published, \
-        memwal's behaviour before this bench)");
+        memwal's behaviour before this bench); in the lone and multi cases also `memwal fsync sstable-lance` \
+        (`SsTableCompression::Lance`: SSTables encoded as upstream encodes them, memwal's default before this bench)");
+    b.report.line("- SSTables: each writer its default: memwal writes data files uncompressed (`SsTableCompression::Off`), \
+        upstream with lance's default encodings (FSST and block compression)");
     b.report.line("");
     let cases = b.args.cases.clone();
     for c in cases {

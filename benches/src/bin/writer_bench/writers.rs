@@ -23,7 +23,8 @@ use lance::dataset::mem_wal::{
 };
 use lance::dataset::{Dataset, WriteParams};
 use memwal::{
-    ReplayPublish, ShardId, ShardWriter as OurWriter, ShardWriterConfig as OurConfig, StoreLocation,
+    ReplayPublish, ShardId, ShardWriter as OurWriter, ShardWriterConfig as OurConfig,
+    SsTableCompression, StoreLocation,
 };
 use memwal_sstable::LanceStore;
 use object_store::local::LocalFileSystem;
@@ -52,6 +53,10 @@ pub enum Variant {
     Ours(Durability),
     /// memwal with `ReplayPublish::BeforeOpenReturns` (replay case only).
     OursBeforeReady(Durability),
+    /// memwal with `SsTableCompression::Lance` (lone and multi cases only):
+    /// SSTables encoded as upstream encodes them, memwal's default before
+    /// this bench.
+    OursSsTableLance(Durability),
     /// Upstream with its WAL flush tick in milliseconds.
     Up(Durability, u64),
 }
@@ -61,18 +66,22 @@ impl Variant {
         match self {
             Variant::Ours(d) => format!("memwal {}", d.name()),
             Variant::OursBeforeReady(d) => format!("memwal {} publish-before-ready", d.name()),
+            Variant::OursSsTableLance(d) => format!("memwal {} sstable-lance", d.name()),
             Variant::Up(d, tick) => format!("upstream {} {tick}ms", d.name()),
         }
     }
 
     pub fn durability(self) -> Durability {
         match self {
-            Variant::Ours(d) | Variant::OursBeforeReady(d) | Variant::Up(d, _) => d,
+            Variant::Ours(d)
+            | Variant::OursBeforeReady(d)
+            | Variant::OursSsTableLance(d)
+            | Variant::Up(d, _) => d,
         }
     }
 
     pub fn is_ours(self) -> bool {
-        matches!(self, Variant::Ours(_) | Variant::OursBeforeReady(_))
+        !matches!(self, Variant::Up(..))
     }
 }
 
@@ -169,11 +178,14 @@ pub enum Writer {
 impl Writer {
     pub async fn open(variant: Variant, t: &Target, limits: Limits) -> Result<Self, String> {
         match variant {
-            Variant::Ours(d) | Variant::OursBeforeReady(d) => {
+            Variant::Ours(d) | Variant::OursBeforeReady(d) | Variant::OursSsTableLance(d) => {
                 let shard = ShardId::from(t.shard);
                 let mut config = limits.ours();
                 if matches!(variant, Variant::OursBeforeReady(_)) {
                     config.replay_publish = ReplayPublish::BeforeOpenReturns;
+                }
+                if matches!(variant, Variant::OursSsTableLance(_)) {
+                    config.sstable_compression = SsTableCompression::Lance;
                 }
                 let w = match d {
                     Durability::Fsync => {

@@ -2,6 +2,7 @@
 //! links all of lance).
 
 mod bloom;
+mod compression;
 mod durability;
 mod interop;
 mod model;
