@@ -731,6 +731,15 @@ async fn main() {
             std::process::exit(2);
         }
     };
+    // Create the report's directory before the run, not after it: a typo
+    // in `--out` must not cost a half-hour run its figures.
+    if let Err(e) = std::fs::create_dir_all(&args.out) {
+        eprintln!(
+            "writer_bench: cannot create the --out directory {}: {e}",
+            args.out.display()
+        );
+        std::process::exit(2);
+    }
     let base = match tempfile::Builder::new()
         .prefix("memwal-writer-bench-")
         .tempdir_in(&args.data)
