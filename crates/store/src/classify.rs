@@ -94,9 +94,14 @@ const UNSYNCED_WRITE_PREFIXES: [&str; 2] = [
 /// failures as `Error::Generic { store: "LocalFileSystem", .. }` whose
 /// source is its private `local::Error`, so they are recognised by the text
 /// a link of the source chain starts with ("Unable to sync data to disk
-/// for …", "Unable to rename file: …").
+/// for …", "Unable to rename file: …"). The local store `open_store`
+/// returns for a path reports its own direct writes' fsync and publish
+/// failures as a typed error inside `Error::Generic`, recognised by type.
 pub fn is_sync_failure(err: &object_store::Error) -> bool {
     chain(err).any(|link| {
+        if let Some(direct) = link.downcast_ref::<crate::direct::DirectWriteError>() {
+            return direct.stage.may_have_landed();
+        }
         let text = link.to_string();
         UNSYNCED_WRITE_PREFIXES
             .iter()

@@ -13,6 +13,7 @@
 //!   object_store errors (retry, refusal, unknown outcome).
 
 mod classify;
+mod direct;
 mod error;
 mod failpoint;
 mod ops;
@@ -20,6 +21,7 @@ mod retry;
 mod uri;
 
 pub use classify::{http_status, is_sync_failure, is_transient};
+pub use direct::DIRECT_MIN_BYTES;
 pub use error::{StoreError, StoreResult};
 pub use failpoint::{broken, crash_point, failpoints_from_env};
 pub use object_store::{path::Path, ObjectStore};

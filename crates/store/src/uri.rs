@@ -9,6 +9,7 @@ use object_store::ObjectStore;
 use parking_lot::Mutex;
 use url::Url;
 
+use crate::direct::LocalDurableStore;
 use crate::{StoreError, StoreResult};
 
 /// A store and the root path of a table inside it.
@@ -37,7 +38,9 @@ impl StoreLocation {
 ///
 /// - a plain path or `file://` URL: the local file system rooted at that
 ///   directory (created if missing), **with fsync**: a write that returned is
-///   on disk, including its directory entry;
+///   on disk, including its directory entry. Whole-object writes of at least
+///   [`crate::DIRECT_MIN_BYTES`] (WAL entries) bypass the page cache
+///   (`O_DIRECT`) where the file system allows it;
 /// - `memory://NAME`: an in-memory store shared by every caller in this
 ///   process that opens the same URI;
 /// - `s3://BUCKET/PREFIX`: credentials, region and endpoint from the standard
@@ -88,7 +91,7 @@ fn open_local(uri: &str, dir: &std::path::Path) -> StoreResult<StoreLocation> {
         })?
         .with_fsync(true);
     Ok(StoreLocation {
-        store: Arc::new(fs),
+        store: Arc::new(LocalDurableStore::new(fs)),
         root: Path::default(),
         uri: uri.to_string(),
     })

@@ -1,6 +1,7 @@
 //! Proof that the local store `open_store` returns really fsyncs: a durable
 //! create is traced with strace and must fsync both the object's file and
-//! the directory holding its entry.
+//! the directory holding its entry; a large one (a WAL entry) must also be
+//! written through `O_DIRECT`.
 //!
 //! The test re-runs its own binary as the traced child (selected by an
 //! environment variable), so only the create under test is traced. Without
@@ -17,7 +18,10 @@ use memwal_store::{create_object, open_store, CreateOutcome, RetryPolicy};
 
 /// Set in the traced child: the table directory to create the object in.
 const CHILD_DIR_ENV: &str = "MEMWAL_FSYNC_PROBE_DIR";
+/// Set in the traced child: the object's size in bytes.
+const CHILD_LEN_ENV: &str = "MEMWAL_FSYNC_PROBE_LEN";
 const TEST_NAME: &str = "local_create_fsyncs_the_file_and_its_directory";
+const DIRECT_TEST_NAME: &str = "large_local_create_bypasses_the_page_cache_and_fsyncs";
 
 /// A create through `open_store` on a local path makes the object durable:
 /// its data (the staged file) and its directory entry (the parent
@@ -28,9 +32,73 @@ const TEST_NAME: &str = "local_create_fsyncs_the_file_and_its_directory";
 /// syncing the file or the directory after linking it into place.
 #[test]
 fn local_create_fsyncs_the_file_and_its_directory() {
-    if let Ok(dir) = std::env::var(CHILD_DIR_ENV) {
-        durable_create(FsPath::new(&dir));
+    let Some(trace) = traced_create(TEST_NAME, 13) else {
         return;
+    };
+    let synced = synced_paths(&trace.log);
+    assert!(
+        synced.iter().any(|p| p
+            .to_string_lossy()
+            .starts_with(&*trace.object.to_string_lossy())),
+        "the object's file {} was never fsynced; fsynced: {synced:?}",
+        trace.object.display()
+    );
+    assert!(
+        synced.contains(&trace.dir),
+        "the object's directory was never fsynced; fsynced: {synced:?}"
+    );
+}
+
+/// A create of a WAL-entry-sized object opens its staged file with
+/// `O_DIRECT`, fsyncs that file and then the directory holding the object.
+///
+/// Breaks if large creates stop bypassing the page cache (the local store
+/// returned by `open_store` losing its direct path, or the threshold rising
+/// above a 1 MiB entry), or if the direct path stops fsyncing the file or
+/// the directory.
+#[test]
+fn large_local_create_bypasses_the_page_cache_and_fsyncs() {
+    let Some(trace) = traced_create(DIRECT_TEST_NAME, (1 << 20) + 100) else {
+        return;
+    };
+    let object = trace.object.to_string_lossy().into_owned();
+    let direct_opens: Vec<&str> = trace
+        .log
+        .lines()
+        .filter(|l| l.contains("openat(") && l.contains(&object) && l.contains("O_DIRECT"))
+        .collect();
+    assert!(
+        !direct_opens.is_empty(),
+        "the object's staged file was not opened with O_DIRECT:\n{}",
+        trace.log
+    );
+    let synced = synced_paths(&trace.log);
+    let file_synced = synced
+        .iter()
+        .position(|p| p.to_string_lossy().starts_with(&*object));
+    let dir_synced = synced.iter().rposition(|p| *p == trace.dir);
+    assert!(
+        matches!((file_synced, dir_synced), (Some(f), Some(d)) if f < d),
+        "expected an fsync of the staged file, then of {}; fsynced: {synced:?}",
+        trace.dir.display()
+    );
+}
+
+/// What a traced child did: its strace log, the object's file and the
+/// directory holding it.
+struct Trace {
+    log: String,
+    object: PathBuf,
+    dir: PathBuf,
+}
+
+/// Runs `test` again as a child under strace creating one `len`-byte
+/// object; `None` (after saying why) when strace cannot run outside CI.
+fn traced_create(test: &str, len: usize) -> Option<Trace> {
+    if let Ok(dir) = std::env::var(CHILD_DIR_ENV) {
+        let len = std::env::var(CHILD_LEN_ENV).unwrap().parse().unwrap();
+        durable_create(FsPath::new(&dir), len);
+        return None;
     }
     if let Some(why) = strace_unusable() {
         if std::env::var("CI").is_ok_and(|ci| ci == "true") {
@@ -40,20 +108,30 @@ fn local_create_fsyncs_the_file_and_its_directory() {
         // capture, so the skip shows in `cargo test` output.
         let _ = writeln!(
             std::io::stderr(),
-            "SKIPPED {TEST_NAME}: {why} (install strace, e.g. `apt-get install strace`)"
+            "SKIPPED {test}: {why} (install strace, e.g. `apt-get install strace`)"
         );
-        return;
+        return None;
     }
-    let scratch = tempfile::tempdir().unwrap();
+    // Under /var/tmp rather than the temp dir: /tmp may be a tmpfs.
+    let scratch =
+        tempfile::tempdir_in(std::env::var("TMPDIR").unwrap_or("/var/tmp".into())).unwrap();
     let table = scratch.path().join("table");
     std::fs::create_dir_all(table.join("wal")).unwrap();
     let trace = scratch.path().join("strace.out");
     let child = Command::new("strace")
-        .args(["-f", "-y", "-qq", "-e", "trace=fsync,fdatasync", "-o"])
+        .args([
+            "-f",
+            "-y",
+            "-qq",
+            "-e",
+            "trace=openat,fsync,fdatasync",
+            "-o",
+        ])
         .arg(&trace)
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", TEST_NAME, "--test-threads=1", "--nocapture"])
+        .args(["--exact", test, "--test-threads=1", "--nocapture"])
         .env(CHILD_DIR_ENV, &table)
+        .env(CHILD_LEN_ENV, len.to_string())
         .output()
         .unwrap();
     assert!(
@@ -63,24 +141,16 @@ fn local_create_fsyncs_the_file_and_its_directory() {
         String::from_utf8_lossy(&child.stdout),
         String::from_utf8_lossy(&child.stderr)
     );
-    let synced = synced_paths(&std::fs::read_to_string(&trace).unwrap());
     let table = std::fs::canonicalize(&table).unwrap();
-    let object = table.join("wal").join("entry");
-    assert!(
-        synced
-            .iter()
-            .any(|p| p.to_string_lossy().starts_with(&*object.to_string_lossy())),
-        "the object's file {} was never fsynced; fsynced: {synced:?}",
-        object.display()
-    );
-    assert!(
-        synced.contains(&table.join("wal")),
-        "the object's directory was never fsynced; fsynced: {synced:?}"
-    );
+    Some(Trace {
+        log: std::fs::read_to_string(&trace).unwrap(),
+        object: table.join("wal").join("entry"),
+        dir: table.join("wal"),
+    })
 }
 
-/// The traced child: one put-if-not-exists through `open_store`.
-fn durable_create(table: &FsPath) {
+/// The traced child: one put-if-not-exists of `len` bytes through `open_store`.
+fn durable_create(table: &FsPath, len: usize) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -90,7 +160,7 @@ fn durable_create(table: &FsPath) {
         let out = create_object(
             loc.store.as_ref(),
             &loc.child("wal/entry"),
-            Bytes::from_static(b"durable bytes"),
+            Bytes::from((0..len).map(|i| (i * 131 % 251) as u8).collect::<Vec<u8>>()),
             &RetryPolicy::immediate(1),
         )
         .await

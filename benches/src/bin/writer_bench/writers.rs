@@ -3,6 +3,10 @@
 //!
 //! - memwal fsync: `ShardWriter::open` on a local path (memwal's default
 //!   store: every object write fsyncs the file and its directory entry).
+//! - memwal fsync buffered: the same writer handed object_store's
+//!   `LocalFileSystem::with_fsync(true)`, the default local store before
+//!   large writes bypassed the page cache (same durability, every write
+//!   through the page cache).
 //! - memwal nofsync: the same writer handed an object_store
 //!   `LocalFileSystem` without fsync.
 //! - upstream fsync: lance's `Dataset::mem_wal_writer`, the dataset opened
@@ -57,6 +61,10 @@ pub enum Variant {
     /// SSTables encoded as upstream encodes them, memwal's default before
     /// this bench.
     OursSsTableLance(Durability),
+    /// memwal on `LocalFileSystem::with_fsync(true)` (lone, multi and large
+    /// cases): the same durability as its default local store, without its
+    /// `O_DIRECT` writes.
+    OursBuffered(Durability),
     /// Upstream with its WAL flush tick in milliseconds.
     Up(Durability, u64),
 }
@@ -67,6 +75,7 @@ impl Variant {
             Variant::Ours(d) => format!("memwal {}", d.name()),
             Variant::OursBeforeReady(d) => format!("memwal {} publish-before-ready", d.name()),
             Variant::OursSsTableLance(d) => format!("memwal {} sstable-lance", d.name()),
+            Variant::OursBuffered(d) => format!("memwal {} buffered", d.name()),
             Variant::Up(d, tick) => format!("upstream {} {tick}ms", d.name()),
         }
     }
@@ -76,6 +85,7 @@ impl Variant {
             Variant::Ours(d)
             | Variant::OursBeforeReady(d)
             | Variant::OursSsTableLance(d)
+            | Variant::OursBuffered(d)
             | Variant::Up(d, _) => d,
         }
     }
@@ -178,7 +188,10 @@ pub enum Writer {
 impl Writer {
     pub async fn open(variant: Variant, t: &Target, limits: Limits) -> Result<Self, String> {
         match variant {
-            Variant::Ours(d) | Variant::OursBeforeReady(d) | Variant::OursSsTableLance(d) => {
+            Variant::Ours(d)
+            | Variant::OursBeforeReady(d)
+            | Variant::OursSsTableLance(d)
+            | Variant::OursBuffered(d) => {
                 let shard = ShardId::from(t.shard);
                 let mut config = limits.ours();
                 if matches!(variant, Variant::OursBeforeReady(_)) {
@@ -187,13 +200,15 @@ impl Writer {
                 if matches!(variant, Variant::OursSsTableLance(_)) {
                     config.sstable_compression = SsTableCompression::Lance;
                 }
+                let buffered = matches!(variant, Variant::OursBuffered(_));
                 let w = match d {
-                    Durability::Fsync => {
+                    Durability::Fsync if !buffered => {
                         OurWriter::open(path_str(&t.dir)?.as_str(), shard, config).await
                     }
-                    Durability::NoFsync => {
-                        let fs =
-                            LocalFileSystem::new_with_prefix(&t.dir).map_err(|e| e.to_string())?;
+                    _ => {
+                        let fs = LocalFileSystem::new_with_prefix(&t.dir)
+                            .map_err(|e| e.to_string())?
+                            .with_fsync(d == Durability::Fsync);
                         let loc = StoreLocation {
                             store: Arc::new(fs),
                             root: ObjPath::default(),
