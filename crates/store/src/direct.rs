@@ -284,15 +284,12 @@ fn write_direct(
         staged.and_then(
             |(file, path)| match write_staged(&file, &path, &buf.bytes_mut()[..len]) {
                 Ok(true) => publish_staged(file, &path, dest, publish).map(Some),
-                Ok(false) => {
+                // Refused or failed before publishing: the staged name is
+                // still ours to remove.
+                unpublished => {
                     drop(file);
                     let _ = std::fs::remove_file(&path);
-                    Ok(None)
-                }
-                Err(e) => {
-                    drop(file);
-                    let _ = std::fs::remove_file(&path);
-                    Err(e)
+                    unpublished.map(|_| None)
                 }
             },
         );
