@@ -412,7 +412,6 @@ async fn sigterm_cuts_a_stream_left_open_and_keeps_its_acknowledged_rows() {
     let ack: serde_json::Value = serde_json::from_slice(&first.app_metadata).unwrap();
     assert_eq!(ack["rows"], 3, "{ack}");
     // `tx` stays alive: the stream is open while the daemon stops.
-    let mut d = d;
     let pid = d.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -421,7 +420,10 @@ async fn sigterm_cuts_a_stream_left_open_and_keeps_its_acknowledged_rows() {
         .success());
     let status = tokio::time::timeout(
         std::time::Duration::from_secs(90),
-        tokio::task::spawn_blocking(move || d.child.wait().unwrap()),
+        tokio::task::spawn_blocking(move || {
+            let mut d = d;
+            d.child.wait().unwrap()
+        }),
     )
     .await
     .expect("the daemon exits despite the open stream")

@@ -8,8 +8,6 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
-use arrow_flight::error::FlightError;
 use arrow_flight::flight_descriptor::DescriptorType;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::Command;
@@ -19,10 +17,12 @@ use arrow_flight::{
 };
 use arrow_schema::SchemaRef;
 use bytes::Bytes;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use serde_json::json;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
 
+use crate::decode::{panic_message, IngestInput, IngestLimits};
 use crate::{sql, ServerError, TableHost};
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -32,6 +32,7 @@ type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 pub struct IngestService {
     tables: Arc<HashMap<String, Arc<TableHost>>>,
     token: Option<Arc<str>>,
+    limits: IngestLimits,
 }
 
 impl IngestService {
@@ -41,7 +42,15 @@ impl IngestService {
         Self {
             tables,
             token: token.map(Into::into),
+            limits: IngestLimits::default(),
         }
+    }
+
+    /// Bounds on what one client message may make the daemon decode
+    /// (default: [`IngestLimits::default`]).
+    pub fn with_limits(mut self, limits: IngestLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
@@ -199,11 +208,9 @@ impl FlightService for IngestService {
             .flight_descriptor
             .clone()
             .ok_or_else(|| Status::invalid_argument("the first message carries no descriptor"))?;
-        let messages =
-            futures::stream::once(async move { Ok(first) }).chain(input.map_err(FlightError::from));
-        let decoder = FlightDataDecoder::new(messages);
+        let messages = futures::stream::once(async move { Ok(first) }).chain(input);
         let (tx, rx) = futures::channel::mpsc::channel::<Result<PutResult, Status>>(16);
-        if is_command(&descriptor) {
+        let (table, task) = if is_command(&descriptor) {
             let cmd = match sql::command(&descriptor.cmd)? {
                 Command::CommandStatementIngest(cmd) => cmd,
                 other => {
@@ -216,12 +223,14 @@ impl FlightService for IngestService {
             };
             sql::ingest_target(&cmd)?;
             let table = self.table(&cmd.table)?;
-            tokio::spawn(sql::ingest(table, decoder, tx));
+            let input = IngestInput::new(table.name(), messages, self.limits);
+            (table.clone(), sql::ingest(table, input, tx).boxed())
         } else {
             let (table, delete) = self.target(&descriptor)?;
-            tokio::spawn(ingest(table, delete, decoder, tx));
-        }
-        Ok(Response::new(Box::pin(rx)))
+            let input = IngestInput::new(table.name(), messages, self.limits);
+            (table.clone(), ingest(table, delete, input, tx).boxed())
+        };
+        Ok(Response::new(spawn_monitored(table.name(), task, rx)))
     }
 
     async fn do_exchange(
@@ -297,37 +306,61 @@ fn flight_info(name: &str, schema: &SchemaRef) -> Result<FlightInfo, Status> {
         .map(|i| i.with_descriptor(FlightDescriptor::new_path(vec![name.to_string()])))
 }
 
+/// Runs one put's ingest as its own task and answers with what it sends;
+/// the task is watched to its end, so a task that panics ends the call with
+/// `INTERNAL` (the batch in flight may or may not be durable; batches
+/// acknowledged before it are), never with a plain end of stream, which a
+/// client reads as success.
+fn spawn_monitored(
+    table: &str,
+    task: futures::future::BoxFuture<'static, ()>,
+    responses: futures::channel::mpsc::Receiver<Result<PutResult, Status>>,
+) -> Boxed<PutResult> {
+    let table = table.to_string();
+    let span = tracing::info_span!("ingest", table = %table);
+    let handle = tokio::spawn(task.instrument(span));
+    let end = futures::stream::once(async move {
+        let e = handle.await.err()?;
+        let why = if e.is_panic() {
+            panic_message(&*e.into_panic())
+        } else {
+            "the task was cancelled".to_string()
+        };
+        metrics::counter!("memwal_server_ingest_failures_total", "table" => table.clone())
+            .increment(1);
+        tracing::error!(table = %table, error = %why, "an ingest task failed");
+        Some(Err(Status::internal(format!(
+            "table `{table}`: the put failed inside the daemon ({why}); the outcome of the \
+             batch in flight is unknown (batches acknowledged before it are durable)"
+        ))))
+    })
+    .filter_map(futures::future::ready);
+    Box::pin(responses.chain(end))
+}
+
 /// Writes each decoded batch and sends its acknowledgement once durable;
 /// the first failure ends the stream with its status.
 async fn ingest(
     table: Arc<TableHost>,
     delete: bool,
-    mut decoder: FlightDataDecoder,
+    mut input: IngestInput,
     mut tx: futures::channel::mpsc::Sender<Result<PutResult, Status>>,
 ) {
     use futures::SinkExt;
     let mut batches = 0u64;
-    while let Some(item) = decoder.next().await {
-        let decoded = match item {
-            Ok(d) => d,
-            Err(e) => {
-                let _ = tx
-                    .send(Err(Status::invalid_argument(format!(
-                        "table `{}`: undecodable Flight data: {e}",
-                        table.name()
-                    ))))
-                    .await;
+    while let Some(item) = input.next().await {
+        let put = match item {
+            Ok(put) => put,
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
                 return;
             }
         };
-        let app_metadata = decoded.app_metadata();
-        let DecodedPayload::RecordBatch(batch) = decoded.payload else {
-            continue;
-        };
+        let batch = put.batch;
         batches += 1;
         let reply = match table.write(&batch, delete).await {
             Ok(parts) => {
-                let request_id = serde_json::from_slice::<serde_json::Value>(&app_metadata)
+                let request_id = serde_json::from_slice::<serde_json::Value>(&put.app_metadata)
                     .ok()
                     .and_then(|v| v.get("request_id").cloned());
                 let body = json!({

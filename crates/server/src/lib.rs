@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 #![recursion_limit = "256"]
 
+mod decode;
 mod error;
 mod flight;
 pub mod http;
@@ -13,6 +14,7 @@ mod sql;
 mod table;
 
 pub use arrow_flight::flight_service_server::FlightServiceServer;
+pub use decode::IngestLimits;
 pub use error::ServerError;
 pub use flight::IngestService;
 pub use table::{PartAck, ShardKey, ShardStatus, TableHost};

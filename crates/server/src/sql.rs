@@ -10,7 +10,6 @@
 
 use std::sync::{Arc, OnceLock};
 
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::{
@@ -23,6 +22,7 @@ use futures::{SinkExt, StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::Status;
 
+use crate::decode::IngestInput;
 use crate::TableHost;
 
 /// What memwal answers to `CommandGetSqlInfo`.
@@ -149,7 +149,7 @@ pub(crate) fn ingest_target(cmd: &CommandStatementIngest) -> Result<(), Status> 
 /// count) once all of them are durable.
 pub(crate) async fn ingest(
     table: Arc<TableHost>,
-    mut decoder: FlightDataDecoder,
+    mut input: IngestInput,
     mut tx: futures::channel::mpsc::Sender<Result<PutResult, Status>>,
 ) {
     let mut rows: i64 = 0;
@@ -157,18 +157,18 @@ pub(crate) async fn ingest(
     let durable_before = |rows: i64, batches: u64| {
         format!("; {rows} rows in the {batches} batches before it are durable")
     };
-    while let Some(item) = decoder.next().await {
+    while let Some(item) = input.next().await {
         let batch = match item {
-            Ok(d) => match d.payload {
-                DecodedPayload::RecordBatch(b) => b,
-                _ => continue,
-            },
-            Err(e) => {
-                let status = Status::invalid_argument(format!(
-                    "ingest into `{}`: undecodable Flight data: {e}{}",
-                    table.name(),
-                    durable_before(rows, batches)
-                ));
+            Ok(put) => put.batch,
+            Err(status) => {
+                let status = Status::new(
+                    status.code(),
+                    format!(
+                        "ingest: {}{}",
+                        status.message(),
+                        durable_before(rows, batches)
+                    ),
+                );
                 let _ = tx.send(Err(status)).await;
                 return;
             }

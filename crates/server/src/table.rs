@@ -497,6 +497,9 @@ impl TableHost {
         delete: bool,
     ) -> Result<Vec<PartAck>, ServerError> {
         let started = std::time::Instant::now();
+        // The process tests arm this with `panic` to prove a failing put
+        // never ends its call with OK.
+        memwal_store::crash_point("server::before_write");
         let result = self.write_parts(batch, delete).await;
         metrics::histogram!("memwal_server_put_seconds", "table" => self.name.clone())
             .record(started.elapsed().as_secs_f64());

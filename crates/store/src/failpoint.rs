@@ -6,13 +6,15 @@
 //! read by [`failpoints_from_env`] at process start (the `fail` crate's
 //! syntax: `wal::after_put=10%return;writer::before_publish=sleep(2000)`):
 //! `return` aborts the process on the spot (as a crash or SIGKILL would),
-//! `sleep(MS)` pauses the calling thread, `off` disarms.
+//! `panic` panics the calling task (`1*panic`: once), `sleep(MS)` pauses
+//! the calling thread, `off` disarms.
 //!
 //! Points: `wal::before_put`, `wal::after_put` (durable, not yet
 //! acknowledged), `sstable::before_sidecars` (data written, bloom filter
 //! and key index not), `writer::before_publish` (SSTable complete, manifest
 //! not updated), `writer::mid_replay` (a replayed generation published,
-//! the rest of the WAL not), `compactor::between_passes` (delete pass
+//! the rest of the WAL not), `server::before_write` (a decoded put, not yet
+//! split into shards), `compactor::between_passes` (delete pass
 //! committed, upsert pass not), `compactor::after_commit` (base committed,
 //! the writer has not pruned), `gc::mid` (some objects deleted, not all).
 

@@ -137,6 +137,17 @@ impl Daemon {
     }
 }
 
+/// A daemon a test leaves running (it failed before stopping it) is killed,
+/// so it does not outlive the test run.
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 pub async fn client(addr: &str, token: Option<&str>) -> FlightClient {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
