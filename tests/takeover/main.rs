@@ -4,6 +4,7 @@
 //! as the reader that decides what is visible. One binary: each test binary
 //! links all of lance.
 
+mod indexed;
 mod live;
 mod memwal_first;
 mod routing;

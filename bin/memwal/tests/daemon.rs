@@ -167,42 +167,6 @@ async fn put_overwrite_delete_restart_and_compact_through_the_daemon() {
     assert!(!ok && err.contains("no shard"), "{err}");
 }
 
-/// The Python with the pinned clients (`MEMWAL_TEST_PYTHON`), or `None`
-/// (the test is skipped) outside CI; under CI a missing one is a failure.
-fn test_python(test: &str) -> Option<String> {
-    let python = std::env::var("MEMWAL_TEST_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty());
-    if python.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI must run the {test} test: MEMWAL_TEST_PYTHON is unset (scripts/py-clients.sh)"
-        );
-        eprintln!(
-            "SKIPPED {test} test: MEMWAL_TEST_PYTHON unset (eval \"$(scripts/py-clients.sh)\")"
-        );
-    }
-    python
-}
-
-/// Runs a client script, killed after 120 s (coreutils `timeout`) so a
-/// client stuck on a refused stream fails the test instead of hanging it.
-fn run_python(python: &str, script: &str, args: &[&str]) -> String {
-    let path = format!("{}/tests/python/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("timeout")
-        .args(["120", python, &path])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script} ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 // Breaks if ADBC's Flight SQL driver (`adbc_ingest`, no custom client code)
 // cannot ingest through the daemon: GetSqlInfo must name the server, each
 // ingest must report its row count only once durable (the rows survive a

@@ -14,6 +14,7 @@ use memwal_store::{RetryPolicy, StoreLocation};
 use memwal_table::BaseTable;
 use tracing::Instrument;
 
+use crate::catchup::CatchupReport;
 use crate::init::open_dataset;
 use crate::merge::{merge_sstables, Attempt, Merged};
 use crate::shards::{compacted_generations, latest_manifest, list_shards};
@@ -35,6 +36,12 @@ pub struct CompactorConfig {
     /// ... and at most this much of their in-memory size (the memory a
     /// commit's key resolution and passes work over). Default 256 MiB.
     pub max_commit_bytes: u64,
+    /// How often a cycle ([`Compactor::run_once`]) ends by bringing the
+    /// base table's indexes up to the compacted generations
+    /// ([`Compactor::catch_up_indexes`]): at most once per this interval
+    /// (zero: every cycle). `None`: never (SSTables then stay until
+    /// something else optimizes the indexes). Default: every cycle.
+    pub index_catchup: Option<std::time::Duration>,
 }
 
 impl Default for CompactorConfig {
@@ -44,6 +51,7 @@ impl Default for CompactorConfig {
             max_conflicts: 10,
             max_group: 8,
             max_commit_bytes: 256 << 20,
+            index_catchup: Some(std::time::Duration::ZERO),
         }
     }
 }
@@ -73,10 +81,15 @@ pub struct ShardReport {
 /// Merges published SSTables into the base table of one table.
 #[derive(Clone)]
 pub struct Compactor {
-    loc: StoreLocation,
-    lance: Arc<LanceStore>,
-    config: CompactorConfig,
+    pub(crate) loc: StoreLocation,
+    pub(crate) lance: Arc<LanceStore>,
+    pub(crate) config: CompactorConfig,
+    /// When the last index catch-up ran, and what it did.
+    catchup: Arc<parking_lot::Mutex<Option<(Instant, CatchupOutcome)>>>,
 }
+
+/// What an index catch-up did, or why it failed.
+pub type CatchupOutcome = std::result::Result<CatchupReport, String>;
 
 impl std::fmt::Debug for Compactor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -91,7 +104,39 @@ impl Compactor {
     /// A compactor of the table at `loc`. Nothing is read until a run.
     pub fn new(loc: StoreLocation, config: CompactorConfig) -> Self {
         let lance = Arc::new(LanceStore::new(loc.store.clone()));
-        Self { loc, lance, config }
+        Self {
+            loc,
+            lance,
+            config,
+            catchup: Arc::default(),
+        }
+    }
+
+    /// The last index catch-up a cycle ran: what it did, or why it failed.
+    pub fn last_index_catchup(&self) -> Option<CatchupOutcome> {
+        self.catchup.lock().as_ref().map(|(_, r)| r.clone())
+    }
+
+    /// Runs [`Self::catch_up_indexes`] when `index_catchup` says one is
+    /// due; a failure is logged and counted (the next cycle tries again).
+    async fn catch_up_if_due(&self) {
+        let Some(every) = self.config.index_catchup else {
+            return;
+        };
+        let due = self
+            .catchup
+            .lock()
+            .as_ref()
+            .is_none_or(|(at, _)| at.elapsed() >= every);
+        if !due {
+            return;
+        }
+        let result = self.catch_up_indexes().await.map_err(|e| {
+            metrics::counter!(names::INDEX_CATCHUP_ERRORS).increment(1);
+            tracing::warn!(error = %e, "index catch-up failed");
+            e.to_string()
+        });
+        *self.catchup.lock() = Some((Instant::now(), result));
     }
 
     /// The table's location.
@@ -99,9 +144,10 @@ impl Compactor {
         &self.loc
     }
 
-    /// One cycle over every shard of the table. A shard that fails does not
-    /// stop the others: its error is returned alongside the reports of the
-    /// shards that succeeded.
+    /// One cycle over every shard of the table, then (when due) an index
+    /// catch-up. A shard that fails does not stop the others: its error is
+    /// returned alongside the reports of the shards that succeeded; a
+    /// failed catch-up is logged and kept for [`Self::last_index_catchup`].
     ///
     /// Guarantees, whatever runs concurrently (writers, other compactors) and
     /// wherever this run stops: each generation's changes reach the base
@@ -121,6 +167,7 @@ impl Compactor {
                 }
                 out.push(r);
             }
+            self.catch_up_if_due().await;
             Ok(out)
         }
         .instrument(span)
@@ -327,7 +374,7 @@ impl Compactor {
 }
 
 /// Whether a failed commit lost to a concurrent one (worth replanning).
-fn is_conflict(e: &lance::Error) -> bool {
+pub(crate) fn is_conflict(e: &lance::Error) -> bool {
     matches!(
         e,
         lance::Error::CommitConflict { .. }

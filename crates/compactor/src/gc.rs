@@ -36,12 +36,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use lance::index::DatasetIndexExt;
 use memwal_fencing::{parse_bitrev64, ManifestStore, ShardId, ShardLayout, ShardManifest};
 use memwal_proto::MemWalIndexDetails;
 use memwal_sstable::LanceStore;
 use memwal_store::{RetryPolicy, StoreLocation};
-use memwal_table::{BaseTable, MEM_WAL_INDEX_NAME};
+use memwal_table::BaseTable;
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStoreExt};
 use tracing::Instrument;
@@ -156,12 +155,12 @@ async fn base_facts(
     let latest = open_dataset(lance, loc).await?;
     let table = BaseTable::of_dataset(&latest, uri).await?;
     let details: Option<&MemWalIndexDetails> = table.mem_wal.as_ref();
-    let Some(d) = details else {
+    if details.is_none() {
         return Err(CompactorError::invalid(
             uri,
             "the table has no `__lance_mem_wal` index; nothing is collected without it",
         ));
-    };
+    }
     let compacted_latest = compacted_generations(uri, details)?;
     let retention = config.base_retention.map(|r| r.max(config.grace));
     if let (Some(retention), false) = (retention, config.dry_run) {
@@ -206,20 +205,8 @@ async fn base_facts(
         let t = BaseTable::of_dataset(&old, uri).await?;
         compacted_generations(uri, t.mem_wal.as_ref())?
     };
-    let index_names: Vec<String> = if d.maintain_all_indexes.unwrap_or(false) {
-        latest
-            .load_indices()
-            .await
-            .map_err(CompactorError::lance(uri, "listing base table indexes"))?
-            .iter()
-            .map(|i| i.name.clone())
-            .filter(|n| n != MEM_WAL_INDEX_NAME && !n.starts_with("__"))
-            .collect()
-    } else {
-        d.maintained_indexes.clone()
-    };
     let mut indexes = Vec::new();
-    for name in index_names {
+    for name in table.reader_indexes() {
         let caught = index_caught_up(uri, details, &name)?;
         indexes.push((name, caught));
     }

@@ -12,6 +12,7 @@
 
 #![warn(missing_docs)]
 
+mod catchup;
 mod compact;
 mod error;
 mod gc;
@@ -22,7 +23,8 @@ mod shards;
 mod task;
 mod view;
 
-pub use compact::{Compactor, CompactorConfig, ShardReport};
+pub use catchup::CatchupReport;
+pub use compact::{CatchupOutcome, Compactor, CompactorConfig, ShardReport};
 pub use error::{CompactorError, Result};
 pub use gc::{collect_garbage, GcConfig, GcReport};
 pub use init::{create_table, install_mem_wal, TableSharding};
@@ -50,4 +52,12 @@ pub mod names {
     pub const LAG_BYTES: &str = "memwal_compaction_lag_bytes";
     /// Gauge (label `shard`): the shard's `compacted_sstables` generation.
     pub const COMPACTED_GENERATION: &str = "memwal_compacted_generation";
+    /// Histogram: seconds of an index catch-up that committed
+    /// (`optimize_indices` over the indexes behind).
+    pub const INDEX_CATCHUP_SECONDS: &str = "memwal_compactor_index_catchup_seconds";
+    /// Counter: index catch-ups that failed.
+    pub const INDEX_CATCHUP_ERRORS: &str = "memwal_compactor_index_catchup_errors_total";
+    /// Gauge (label `index`): generations the index lags behind the
+    /// compacted ones (largest over shards).
+    pub const INDEX_LAG_GENERATIONS: &str = "memwal_index_lag_generations";
 }

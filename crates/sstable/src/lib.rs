@@ -30,6 +30,7 @@
 mod bloom;
 mod dataset;
 mod error;
+mod indexes;
 mod lance_store;
 mod pk_index;
 mod reader;
@@ -38,6 +39,7 @@ mod writer;
 pub use bloom::{decode_filter, BloomSizing, BLOOM_EXPECTED_KEYS, BLOOM_FILTER_FILE, BLOOM_FPP};
 pub use dataset::{lance_schema, SsTableCompression};
 pub use error::{Result, SsTableError};
+pub use indexes::{DistanceType, IndexKind, IndexSpec, VectorIndexSpec};
 pub use lance_file::version::LanceFileVersion;
 pub use lance_store::LanceStore;
 pub use pk_index::{PK_INDEX_DIR, PK_INDEX_PAGE_ROWS};

@@ -16,6 +16,7 @@ use roaring::RoaringBitmap;
 use crate::bloom::{build_filter, BloomSizing, BLOOM_FILTER_FILE};
 use crate::dataset::{lance_schema, open_dataset, write_dataset, SsTableCompression};
 use crate::error::{Result, SsTableError};
+use crate::indexes::{attach_indexes, index_names, IndexSpec};
 use crate::lance_store::LanceStore;
 use crate::pk_index::{training_batch, write_index};
 
@@ -31,6 +32,9 @@ pub struct WrittenSsTable {
     /// Rows a scan of the SSTable returns (one per key for a keyed table,
     /// tombstones included; every row for an append-only table).
     pub visible_rows: u64,
+    /// The indexes it carries, by name (sorted): those asked for, but for
+    /// one whose column held no value.
+    pub indexes: Vec<String>,
 }
 
 /// Writes SSTables into one shard's directory.
@@ -43,6 +47,9 @@ pub struct WrittenSsTable {
 ///   row in insert order, and a bitmap deletion vector on fragment 0 hiding
 ///   every row a newer row of the same key replaced: at most one visible row
 ///   per key, the newest (a tombstone if that is newest);
+/// - its manifest lists one index per [`IndexSpec`] given to
+///   [`Self::write_indexed`] (under the spec's name, on its field id), built
+///   over the visible rows, unless the column held no value;
 /// - `bloom_filter.bin` and (for a keyed table) `_pk_index/` are next to it;
 /// - everything was written through the store given to [`Self::new`] and is
 ///   as durable as that store makes a returned write (fsynced for
@@ -100,12 +107,25 @@ impl SsTableWriter {
         &self.lance
     }
 
-    /// Writes generation `generation`'s flush data (see the type docs).
+    /// Writes generation `generation`'s flush data, without indexes (see
+    /// the type docs).
     pub async fn write(
         &self,
         schema: &TableSchema,
         generation: u64,
         data: &FlushData,
+    ) -> Result<WrittenSsTable> {
+        self.write_indexed(schema, generation, data, &[]).await
+    }
+
+    /// Writes generation `generation`'s flush data carrying `indexes` (the
+    /// base table's maintained indexes; see the type docs).
+    pub async fn write_indexed(
+        &self,
+        schema: &TableSchema,
+        generation: u64,
+        data: &FlushData,
+        indexes: &[IndexSpec],
     ) -> Result<WrittenSsTable> {
         let (dir_name, dir) = self.fresh_dir(generation).await?;
         let path = dir.to_string();
@@ -124,6 +144,7 @@ impl SsTableWriter {
             self.compression,
         )
         .await?;
+        let indexes = attach_indexes(&self.lance, &dir, indexes).await?;
         memwal_store::crash_point("sstable::before_sidecars");
 
         let key_names = schema.key_names();
@@ -146,7 +167,7 @@ impl SsTableWriter {
             write_index(&self.lance, &dir, training).await?;
         }
 
-        self.verify(&dir, schema, physical_rows, visible_rows)
+        self.verify(&dir, schema, physical_rows, visible_rows, &indexes)
             .await?;
         Ok(WrittenSsTable {
             sstable: SsTable {
@@ -159,6 +180,7 @@ impl SsTableWriter {
             dir_name,
             dir,
             visible_rows,
+            indexes,
         })
     }
 
@@ -189,6 +211,7 @@ impl SsTableWriter {
         schema: &TableSchema,
         physical_rows: u64,
         visible_rows: u64,
+        indexes: &[String],
     ) -> Result<()> {
         let ds = open_dataset(&self.lance, dir).await?;
         let bad = |reason: String| SsTableError::corrupt(dir, reason);
@@ -225,6 +248,12 @@ impl SsTableWriter {
             return Err(bad(format!(
                 "read back {stored_physical:?} physical / {visible} visible rows, \
                  expected {physical_rows} / {visible_rows}"
+            )));
+        }
+        let listed = index_names(&ds, dir).await?;
+        if listed != indexes {
+            return Err(bad(format!(
+                "read back indexes {listed:?}, expected {indexes:?}"
             )));
         }
         Ok(())

@@ -10,9 +10,11 @@
 
 mod error;
 mod load;
+mod maintained;
 
 pub use error::{Result, TableError};
 pub use load::BaseTable;
+pub use maintained::{BaseIndex, MaintainedIndexes};
 
 /// Name of the system index that holds a table's MemWAL configuration.
 pub const MEM_WAL_INDEX_NAME: &str = "__lance_mem_wal";

@@ -13,7 +13,9 @@ use memwal_sstable::{LanceFileVersion, LanceStore};
 use object_store::path::Path;
 use prost::Message;
 
+use crate::maintained::{base_indexes, BaseIndex};
 use crate::{Result, TableError, MEM_WAL_INDEX_NAME};
+use lance_table::format::IndexMetadata;
 
 /// What a base table declares, as of the version that was loaded.
 #[derive(Debug, Clone)]
@@ -31,6 +33,9 @@ pub struct BaseTable {
     /// The `__lance_mem_wal` index details; `None` when the table has no
     /// MemWAL index.
     pub mem_wal: Option<MemWalIndexDetails>,
+    /// The table's other indexes (one entry per name), from which
+    /// [`BaseTable::maintained_indexes`] resolves what SSTables carry.
+    pub indexes: Vec<BaseIndex>,
 }
 
 impl BaseTable {
@@ -67,7 +72,12 @@ impl BaseTable {
 
     /// Reads what an opened dataset declares; `uri` names it in errors.
     pub async fn of_dataset(ds: &Dataset, uri: &str) -> Result<Self> {
-        let mem_wal = mem_wal_details(ds, uri).await?;
+        let indices = ds.load_indices().await.map_err(|source| TableError::Read {
+            uri: uri.to_string(),
+            source,
+        })?;
+        let mem_wal = mem_wal_details(&indices, uri)?;
+        let indexes = base_indexes(ds, &indices, uri).await?;
         Ok(Self {
             uri: uri.to_string(),
             version: ds.version().version,
@@ -78,6 +88,7 @@ impl BaseTable {
                 .lance_file_format()
                 .to_selector(),
             mem_wal,
+            indexes,
         })
     }
 
@@ -148,11 +159,7 @@ fn arrow_schema_of(ds: &Dataset) -> Schema {
 }
 
 /// The MemWAL index details, decoded with our wire types.
-async fn mem_wal_details(ds: &Dataset, uri: &str) -> Result<Option<MemWalIndexDetails>> {
-    let indices = ds.load_indices().await.map_err(|source| TableError::Read {
-        uri: uri.to_string(),
-        source,
-    })?;
+fn mem_wal_details(indices: &[IndexMetadata], uri: &str) -> Result<Option<MemWalIndexDetails>> {
     let mut found = indices.iter().filter(|i| i.name == MEM_WAL_INDEX_NAME);
     let Some(index) = found.next() else {
         return Ok(None);

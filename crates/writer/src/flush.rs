@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use memwal_fencing::{FencingError, ManifestStore, ShardManifest};
 use memwal_memtable::{FlushData, FrozenMemTable, TableSchema};
-use memwal_sstable::{LanceStore, SsTableWriter, WrittenSsTable};
+use memwal_sstable::{IndexSpec, LanceStore, SsTableWriter, WrittenSsTable};
 use memwal_store::RetryPolicy;
 use memwal_table::BaseTable;
 use memwal_wal::SwitchTicket;
@@ -46,6 +46,17 @@ pub(crate) struct FlushCtx {
     pub base_root: object_store::path::Path,
     /// The shard's metric handles.
     pub meters: Arc<crate::stats::Meters>,
+    /// The maintained indexes the latest base-table read resolved (what
+    /// the next SSTable carries if the base cannot be read then).
+    pub indexes: Arc<parking_lot::Mutex<MaintainedSet>>,
+}
+
+/// The maintained indexes as last resolved, and the names already warned
+/// about (each skipped index is reported once).
+#[derive(Debug, Default)]
+pub(crate) struct MaintainedSet {
+    pub specs: Arc<[IndexSpec]>,
+    pub warned: std::collections::BTreeSet<String>,
 }
 
 impl FlushCtx {
@@ -53,8 +64,9 @@ impl FlushCtx {
     /// directory every time).
     pub(crate) async fn write(&self, generation: u64, data: &FlushData) -> Result<WrittenSsTable> {
         let span = tracing::info_span!("flush", generation, rows = data.stats.physical_rows);
+        let indexes = self.maintained_indexes().await;
         self.sstables
-            .write(&self.schema, generation, data)
+            .write_indexed(&self.schema, generation, data, &indexes)
             .instrument(span)
             .await
             .map_err(|e| {
@@ -86,10 +98,10 @@ impl FlushCtx {
             reason: format!("generation {generation} cannot be followed"),
         })?;
         let manifest_dir = self.manifests.layout().manifest_dir().to_string();
-        let compacted = self.compacted_generation().await;
+        let covered = self.covered_generation().await;
         self.manifests
             .update(self.epoch, |m| {
-                if let Some(c) = compacted {
+                if let Some(c) = covered {
                     m.sstables.retain(|s| s.generation > c);
                 }
                 let listed = m.sstables.iter().any(|s| s.generation == generation);
@@ -129,14 +141,61 @@ impl FlushCtx {
 }
 
 impl FlushCtx {
-    /// The shard's `compacted_sstables` generation in the latest base
-    /// table version; `None` when there is none or the base cannot be read
-    /// now (pruning then waits for a later publish: it only keeps manifests
-    /// small, nothing depends on it).
-    async fn compacted_generation(&self) -> Option<u64> {
+    /// The indexes an SSTable written now carries: the base table's
+    /// maintained set as of its latest version (under `maintain_all_indexes`
+    /// an index created since the last flush is included, a dropped one
+    /// left out), restricted to columns this writer's schema has; the last
+    /// set resolved when the base cannot be read or resolved now.
+    async fn maintained_indexes(&self) -> Arc<[IndexSpec]> {
+        let resolved = BaseTable::load(&self.base, &self.base_root)
+            .await
+            .and_then(|t| t.maintained_indexes());
+        let mut set = self.indexes.lock();
+        match resolved {
+            Ok(m) => {
+                let mut specs = Vec::with_capacity(m.specs.len());
+                let mut skipped = m.skipped;
+                for spec in m.specs {
+                    match self.schema.storage_schema().field_with_name(&spec.column) {
+                        Ok(f)
+                            if f.metadata().get(memwal_memtable::FIELD_ID_KEY)
+                                == Some(&spec.field_id.to_string()) =>
+                        {
+                            specs.push(spec)
+                        }
+                        _ => skipped.push((
+                            spec.name,
+                            format!(
+                                "its column `{}` is not in this writer's schema",
+                                spec.column
+                            ),
+                        )),
+                    }
+                }
+                for (name, reason) in skipped {
+                    if set.warned.insert(name.clone()) {
+                        self.meters.indexes_skipped.increment(1);
+                        tracing::warn!(index = %name, %reason, "a base-table index is not mirrored into SSTables");
+                    }
+                }
+                set.specs = specs.into();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "resolving the maintained indexes; using the last resolved set")
+            }
+        }
+        set.specs.clone()
+    }
+
+    /// The highest generation of the shard no read needs an SSTable for
+    /// any more, in the latest base table version: compacted and covered
+    /// by every index reads may use ([`BaseTable::covered_generation`]);
+    /// `None` when the base cannot be read now (pruning then waits for a
+    /// later publish: it only keeps manifests small, nothing depends on it).
+    async fn covered_generation(&self) -> Option<u64> {
         let shard = self.manifests.shard().uuid();
         match BaseTable::load(&self.base, &self.base_root).await {
-            Ok(table) => table.compacted_generation(shard.as_bytes()),
+            Ok(table) => Some(table.covered_generation(shard.as_bytes())),
             Err(e) => {
                 tracing::warn!(error = %e, "reading the base table's compaction progress");
                 None

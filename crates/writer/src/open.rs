@@ -93,6 +93,8 @@ async fn open_inner(
         .await
         .map_err(Error::from_table)?;
     let config = config.apply_table_defaults(base.writer_config_defaults())?;
+    // A listed maintained index memwal cannot mirror is refused here.
+    let maintained = base.maintained_indexes().map_err(Error::from_table)?;
     let storage_version = base.storage_version;
     let schema = Arc::new(
         TableSchema::new(base.schema.clone())
@@ -140,6 +142,10 @@ async fn open_inner(
         base: Arc::new(lance),
         base_root: loc.root.clone(),
         meters,
+        indexes: Arc::new(parking_lot::Mutex::new(crate::flush::MaintainedSet {
+            specs: maintained.specs.into(),
+            warned: Default::default(),
+        })),
     };
 
     // 3. The writer, without a WAL appender yet (nothing can put before

@@ -29,6 +29,10 @@ pub mod names {
     pub const FENCED: &str = "memwal_writer_fenced_total";
     /// Counter: memtables frozen, by reason.
     pub const FREEZES: &str = "memwal_writer_freezes_total";
+    /// Counter: base-table indexes SSTables do not mirror (a kind memwal
+    /// cannot build under `maintain_all_indexes`, a listed index the base
+    /// lacks, a column the writer's schema lacks); once per index name.
+    pub const INDEXES_SKIPPED: &str = "memwal_writer_indexes_skipped_total";
 }
 
 /// The writer's metric handles, every one labelled `shard` (its id), so a
@@ -47,6 +51,7 @@ pub(crate) struct Meters {
     pub backpressure_timeouts: metrics::Counter,
     pub epoch: metrics::Gauge,
     pub fenced: metrics::Counter,
+    pub indexes_skipped: metrics::Counter,
 }
 
 impl std::fmt::Debug for Meters {
@@ -74,6 +79,7 @@ impl Meters {
             backpressure_timeouts: metrics::counter!(names::BACKPRESSURE_TIMEOUTS, &l()),
             epoch: metrics::gauge!(names::EPOCH, &l()),
             fenced: metrics::counter!(names::FENCED, &l()),
+            indexes_skipped: metrics::counter!(names::INDEXES_SKIPPED, &l()),
             shard,
         }
     }

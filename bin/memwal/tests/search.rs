@@ -1,0 +1,136 @@
+//! Searching what the daemon ingested, as a pylance user does: an indexed
+//! table made by pylance, fresh rows fed through `memwal serve`, and
+//! pylance's `LsmVectorSearchPlanner` over the read view.
+
+mod common;
+
+use std::sync::Arc;
+
+use arrow_array::{
+    ArrayRef, FixedSizeListArray, Float32Array, Int64Array, RecordBatch, StringArray,
+};
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::FlightDescriptor;
+use arrow_schema::{DataType, Field, Schema};
+use futures::TryStreamExt;
+
+use common::*;
+
+const FRESH: i64 = 100_000;
+
+/// Fresh row `id`'s vector: in [50, 60), far from the base rows' [0, 1).
+fn vector(id: i64) -> Vec<f32> {
+    (0..16u64)
+        .map(|j| {
+            let x = ((id as u64) ^ (j << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            50.0 + 10.0 * ((x >> 40) as f32 / (1u64 << 24) as f32)
+        })
+        .collect()
+}
+
+fn fresh(ids: &[i64]) -> RecordBatch {
+    let item = Arc::new(Field::new("item", DataType::Float32, true));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("vec", DataType::FixedSizeList(item.clone(), 16), true),
+        Field::new("txt", DataType::Utf8, true),
+        Field::new("n", DataType::Int64, true),
+    ]));
+    let values: Vec<f32> = ids.iter().flat_map(|id| vector(*id)).collect();
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
+            Arc::new(
+                FixedSizeListArray::try_new(item, 16, Arc::new(Float32Array::from(values)), None)
+                    .unwrap(),
+            ),
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|id| format!("fresh{id} common")),
+            )),
+            Arc::new(Int64Array::from(ids.to_vec())),
+        ],
+    )
+    .unwrap()
+}
+
+// Breaks if the SSTables the daemon flushes lack the table's maintained
+// indexes: pylance's planner then returns base rows for every probe (0 of
+// 30 top hits) and base rows for a search filtered to fresh rows, and
+// pylance lists no index on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
+    let Some(python) = test_python("pylance search") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    let made = run_python(&python, "indexed_table.py", &[&table]);
+    assert!(made.contains("vec_idx"), "{made}");
+
+    let d = Daemon::start(&table, &[]);
+    let mut c = client(&d.flight, None).await;
+    let ids: Vec<i64> = (FRESH..FRESH + 300).collect();
+    let batches: Vec<RecordBatch> = ids.chunks(100).map(fresh).collect();
+    let stream = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(FlightDescriptor::new_path(vec!["t".into()])))
+        .build(futures::stream::iter(batches.into_iter().map(Ok)));
+    let acks: Vec<_> = c
+        .do_put(stream)
+        .await
+        .map_err(status)
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(acks.len(), 3);
+    d.stop_ok();
+
+    let loc = memwal_store::open_store(&table).unwrap();
+    let view = memwal_compactor::table_view(&loc, Some("vec_idx"), &Default::default())
+        .await
+        .unwrap();
+    let snapshots: Vec<serde_json::Value> = view
+        .shards
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "shard": s.shard.to_string(),
+                "spec_id": s.spec_id,
+                "current_generation": s.current_generation,
+                "sstables": s.sstables.iter().map(|t| (t.generation, t.path.clone())).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    assert!(
+        snapshots
+            .iter()
+            .any(|s| !s["sstables"].as_array().unwrap().is_empty()),
+        "the daemon published its rows: {snapshots:?}"
+    );
+    let probes: Vec<serde_json::Value> = ids
+        .iter()
+        .step_by(10)
+        .map(|id| serde_json::json!([id, vector(*id), format!("fresh{id}")]))
+        .collect();
+    let out = run_python(
+        &python,
+        "lsm_search.py",
+        &[
+            &table,
+            &serde_json::to_string(&snapshots).unwrap(),
+            &serde_json::to_string(&probes).unwrap(),
+        ],
+    );
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(got["top_hits"], probes.len(), "{got}");
+    assert_eq!(got["filtered_fresh_only"], true, "{got}");
+    assert_eq!(got["fts_hits"], probes.len(), "{got}");
+    for names in got["sstable_indexes"].as_array().unwrap() {
+        assert_eq!(
+            names,
+            &serde_json::json!(["n_btree", "txt_fts", "vec_idx"]),
+            "{got}"
+        );
+    }
+}
