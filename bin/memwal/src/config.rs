@@ -12,6 +12,8 @@
 //! gc = true                      # garbage collection after each compaction cycle
 //! gc_grace_secs = 600            # keep unreachable objects this long (readers' snapshots)
 //! compact_every_secs = 30
+//! index_catchup = true           # bring the base indexes up to compacted rows
+//! index_catchup_secs = 0         #   at most this often (0: every cycle)
 //! drain_secs = 10                # after SIGTERM, in-flight calls get this long
 //! token = "…"                    # require `authorization: Bearer …`
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -23,7 +25,8 @@
 //! ```
 //!
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
-//! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`, `MEMWAL_DRAIN_SECS`,
+//! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
+//! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
@@ -57,6 +60,11 @@ pub struct ServeConfig {
     pub gc_grace_secs: u64,
     /// Seconds between compaction cycles.
     pub compact_every_secs: u64,
+    /// End compaction cycles by bringing the base table's indexes up to
+    /// the compacted generations (SSTables are kept until they are).
+    pub index_catchup: bool,
+    /// ... at most once per this many seconds (0: every cycle).
+    pub index_catchup_secs: u64,
     /// Seconds in-flight Flight calls may run on after SIGTERM.
     pub drain_secs: u64,
     /// Bearer token required on Flight and HTTP.
@@ -79,6 +87,8 @@ impl Default for ServeConfig {
             gc: true,
             gc_grace_secs: 600,
             compact_every_secs: 30,
+            index_catchup: true,
+            index_catchup_secs: 0,
             drain_secs: 10,
             token: None,
             tls_cert: None,
@@ -121,6 +131,15 @@ pub struct ServeArgs {
     /// Seconds between compaction cycles [default: 30].
     #[arg(long)]
     pub compact_every_secs: Option<u64>,
+    /// Do not bring the base table's indexes up to the compacted rows
+    /// after compaction cycles (SSTables then stay until something else
+    /// optimizes the indexes).
+    #[arg(long)]
+    pub no_index_catchup: bool,
+    /// Bring the base indexes up to date at most once per this many seconds
+    /// (0: after every compaction cycle) [default: 0].
+    #[arg(long)]
+    pub index_catchup_secs: Option<u64>,
     /// Seconds in-flight calls may run on after SIGTERM before they are cut
     /// and every shard closes [default: 10].
     #[arg(long)]
@@ -188,6 +207,12 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.compact_every_secs {
         put("compact_every_secs", s.into());
     }
+    if args.no_index_catchup {
+        put("index_catchup", false.into());
+    }
+    if let Some(s) = args.index_catchup_secs {
+        put("index_catchup_secs", s.into());
+    }
     if let Some(s) = args.drain_secs {
         put("drain_secs", s.into());
     }
@@ -223,6 +248,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "gc",
             "gc_grace_secs",
             "compact_every_secs",
+            "index_catchup",
+            "index_catchup_secs",
             "drain_secs",
             "token",
             "tls_cert",

@@ -129,14 +129,24 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
 
     let mut compactors = Vec::new();
     if args.compactor {
-        for (_, uri) in &names {
+        for (name, uri) in &names {
             let loc = open_store(uri).map_err(|e| e.to_string())?;
             let gc = args.gc.then(|| GcConfig {
                 grace: Duration::from_secs(args.gc_grace_secs),
                 ..GcConfig::default()
             });
+            let config = CompactorConfig {
+                index_catchup: args
+                    .index_catchup
+                    .then(|| Duration::from_secs(args.index_catchup_secs)),
+                ..CompactorConfig::default()
+            };
+            let compactor = Compactor::new(loc, config);
+            if let Some(host) = hosts.get(name) {
+                host.attach_compactor(compactor.clone());
+            }
             compactors.push(CompactorTask::spawn_with_gc(
-                Compactor::new(loc, CompactorConfig::default()),
+                compactor,
                 Duration::from_secs(args.compact_every_secs.max(1)),
                 gc,
             ));

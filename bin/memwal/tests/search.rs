@@ -133,4 +133,38 @@ async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
             "{got}"
         );
     }
+
+    // The daemon's compactor merges the rows and brings every index up to
+    // them; /status reports each shard's catch-up and what it cost.
+    let d = Daemon::launch(&table, &["--compact-every-secs", "1"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        let (code, body) = http_fetch(&d.http, "/status", None);
+        assert_eq!(code, 200, "{body}");
+        let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let t = &s["tables"]["t"];
+        let caught_up = t["shards"].as_array().is_some_and(|shards| {
+            !shards.is_empty()
+                && shards.iter().all(|sh| {
+                    let done = sh["compacted_generation"].as_u64().unwrap_or(0);
+                    done >= 1
+                        && ["n_btree", "txt_fts", "vec_idx"]
+                            .iter()
+                            .all(|i| sh["index_catchup"][i].as_u64() == Some(done))
+                })
+        });
+        if caught_up && t["index_catchup"]["last_commit"]["committed"] == true {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the indexes did not catch up: {s}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(
+        status["tables"]["t"]["index_catchup"]["last_commit"]["seconds"].as_f64() > Some(0.0),
+        "{status}"
+    );
+    d.stop_ok();
 }

@@ -84,8 +84,15 @@ pub struct Compactor {
     pub(crate) loc: StoreLocation,
     pub(crate) lance: Arc<LanceStore>,
     pub(crate) config: CompactorConfig,
-    /// When the last index catch-up ran, and what it did.
-    catchup: Arc<parking_lot::Mutex<Option<(Instant, CatchupOutcome)>>>,
+    /// When the last index catch-up ran and what it did, and the last one
+    /// that committed.
+    catchup: Arc<parking_lot::Mutex<CatchupHistory>>,
+}
+
+#[derive(Debug, Default)]
+struct CatchupHistory {
+    last: Option<(Instant, CatchupOutcome)>,
+    last_commit: Option<CatchupReport>,
 }
 
 /// What an index catch-up did, or why it failed.
@@ -114,7 +121,13 @@ impl Compactor {
 
     /// The last index catch-up a cycle ran: what it did, or why it failed.
     pub fn last_index_catchup(&self) -> Option<CatchupOutcome> {
-        self.catchup.lock().as_ref().map(|(_, r)| r.clone())
+        self.catchup.lock().last.as_ref().map(|(_, r)| r.clone())
+    }
+
+    /// The last index catch-up that committed (what the last real work
+    /// cost).
+    pub fn last_index_catchup_commit(&self) -> Option<CatchupReport> {
+        self.catchup.lock().last_commit.clone()
     }
 
     /// Runs [`Self::catch_up_indexes`] when `index_catchup` says one is
@@ -126,6 +139,7 @@ impl Compactor {
         let due = self
             .catchup
             .lock()
+            .last
             .as_ref()
             .is_none_or(|(at, _)| at.elapsed() >= every);
         if !due {
@@ -136,7 +150,13 @@ impl Compactor {
             tracing::warn!(error = %e, "index catch-up failed");
             e.to_string()
         });
-        *self.catchup.lock() = Some((Instant::now(), result));
+        let mut history = self.catchup.lock();
+        if let Ok(r) = &result {
+            if r.committed {
+                history.last_commit = Some(r.clone());
+            }
+        }
+        history.last = Some((Instant::now(), result));
     }
 
     /// The table's location.

@@ -254,7 +254,11 @@ impl FlightService for IngestService {
                 t.flush().await.map_err(Status::from)?;
                 json!({ "table": name, "flushed": true })
             }
-            "status" => json!({ "table": name, "shards": t.status().await }),
+            "status" => json!({
+                "table": name,
+                "shards": t.status().await,
+                "index_catchup": t.index_catchup(),
+            }),
             other => {
                 return Err(Status::invalid_argument(format!(
                     "unknown action `{other}` (flush, status)"

@@ -71,7 +71,10 @@ async fn status(State(s): State<HttpState>, headers: HeaderMap) -> Response {
     let mut tables = serde_json::Map::new();
     let opening = s.tables.get().is_none();
     for (name, t) in s.tables.get().iter().flat_map(|t| t.iter()) {
-        tables.insert(name.clone(), json!({ "shards": t.status().await }));
+        tables.insert(
+            name.clone(),
+            json!({ "shards": t.status().await, "index_catchup": t.index_catchup() }),
+        );
     }
     Json(json!({
         "ready": s.ready.load(Ordering::SeqCst),

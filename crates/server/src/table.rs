@@ -78,6 +78,10 @@ pub struct ShardStatus {
     /// Why the shard is no longer served, the writer's terminal error, or
     /// its last failed flush (retried).
     pub last_error: Option<String>,
+    /// Per index reads may be served by: the generation of this shard the
+    /// base index has caught up to (`index_catchup`; SSTables above it stay
+    /// until it catches up). Empty when the base could not be read.
+    pub index_catchup: BTreeMap<String, u64>,
 }
 
 impl ShardStatus {
@@ -104,6 +108,7 @@ impl ShardStatus {
             compacted_generation,
             compaction_lag_generations: None,
             last_error: Some(why.to_string()),
+            index_catchup: BTreeMap::new(),
         }
     }
 }
@@ -128,6 +133,8 @@ pub struct TableHost {
     /// not decode is tied to its rows.
     enumerable: Option<Vec<ShardKey>>,
     shards: tokio::sync::Mutex<HashMap<ShardKey, Slot>>,
+    /// The table's compactor, when the daemon runs one (status only).
+    compactor: std::sync::OnceLock<memwal_compactor::Compactor>,
 }
 
 /// A configured subset of a bucket-sharded table's shards.
@@ -283,6 +290,7 @@ impl TableHost {
             owned,
             enumerable,
             shards: tokio::sync::Mutex::new(HashMap::new()),
+            compactor: std::sync::OnceLock::new(),
         };
         host.open_existing().await?;
         Ok(host)
@@ -663,12 +671,29 @@ impl TableHost {
             base.as_ref()
                 .map(|b| b.compacted_generation(shard.uuid().as_bytes()).unwrap_or(0))
         };
+        let indexes = base
+            .as_ref()
+            .map(BaseTable::reader_indexes)
+            .unwrap_or_default();
+        let catchup = |shard: ShardId| -> BTreeMap<String, u64> {
+            let Some(b) = &base else {
+                return BTreeMap::new();
+            };
+            indexes
+                .iter()
+                .map(|i| (i.clone(), b.index_caught_up(i, shard.uuid().as_bytes())))
+                .collect()
+        };
         let slots = self.shards.lock().await;
         let mut out: Vec<ShardStatus> = slots
             .iter()
             .map(|(key, slot)| {
                 let values = key.iter().map(|(k, v)| (k.clone(), hex(v))).collect();
-                match slot {
+                let shard = match slot {
+                    Slot::Live(w) => w.shard(),
+                    Slot::Lost { shard, .. } | Slot::Failed { shard, .. } => *shard,
+                };
+                let mut status = match slot {
                     Slot::Live(w) => {
                         let s = w.stats();
                         let m = w.manifest();
@@ -688,6 +713,7 @@ impl TableHost {
                             compaction_lag_generations: done
                                 .map(|d| s.published_generation.saturating_sub(d)),
                             last_error: s.terminal.clone().or(s.last_flush_error.clone()),
+                            index_catchup: BTreeMap::new(),
                         }
                     }
                     Slot::Lost { shard, reason } => {
@@ -700,11 +726,42 @@ impl TableHost {
                         compacted(*shard),
                         &error.to_string(),
                     ),
-                }
+                };
+                status.index_catchup = catchup(shard);
+                status
             })
             .collect();
         out.sort_by(|a, b| a.values.cmp(&b.values));
         out
+    }
+
+    /// Hands the host the table's compactor, whose index catch-ups
+    /// [`Self::index_catchup`] reports (the first one given is kept).
+    pub fn attach_compactor(&self, compactor: memwal_compactor::Compactor) {
+        let _ = self.compactor.set(compactor);
+    }
+
+    /// The attached compactor's index catch-ups, as JSON: `last` (the
+    /// last run: which indexes were behind and by how many generations,
+    /// whether it committed, its seconds; or `error`) and `last_commit`
+    /// (the last run that committed: what the work cost); `None` without a
+    /// compactor.
+    pub fn index_catchup(&self) -> Option<serde_json::Value> {
+        let c = self.compactor.get()?;
+        let report = |r: &memwal_compactor::CatchupReport| {
+            serde_json::json!({
+                "seconds": r.seconds,
+                "behind": r.behind,
+                "committed": r.committed,
+                "conflicts": r.conflicts,
+            })
+        };
+        let last = c.last_index_catchup().map(|l| match l {
+            Ok(r) => report(&r),
+            Err(e) => serde_json::json!({ "error": e }),
+        });
+        let last_commit = c.last_index_catchup_commit().map(|r| report(&r));
+        Some(serde_json::json!({ "last": last, "last_commit": last_commit }))
     }
 }
 
