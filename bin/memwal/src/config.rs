@@ -16,6 +16,7 @@
 //! index_catchup_secs = 0         #   at most this often (0: every cycle)
 //! drain_secs = 10                # after SIGTERM, in-flight calls get this long
 //! token = "…"                    # require `authorization: Bearer …`
+//! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
 //! tls_key = "server.key"         #   and private key; both or neither)
 //! [tables]                       # NAME = URI; replaces the demo table
@@ -27,7 +28,7 @@
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
-//! `MEMWAL_TOKEN`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
+//! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
 use std::collections::BTreeMap;
@@ -69,6 +70,9 @@ pub struct ServeConfig {
     pub drain_secs: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
+    /// A file holding the bearer token (its first line): keeps it out of
+    /// the process list. Exclusive with `token`.
+    pub token_file: Option<PathBuf>,
     /// PEM certificate chain: Flight is served over TLS.
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
@@ -91,6 +95,7 @@ impl Default for ServeConfig {
             index_catchup_secs: 0,
             drain_secs: 10,
             token: None,
+            token_file: None,
             tls_cert: None,
             tls_key: None,
         }
@@ -144,9 +149,13 @@ pub struct ServeArgs {
     /// and every shard closes [default: 10].
     #[arg(long)]
     pub drain_secs: Option<u64>,
-    /// Require `authorization: Bearer TOKEN` on Flight and HTTP.
+    /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
+    /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
     pub token: Option<String>,
+    /// Read the bearer token from the first line of this file.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// Serve Flight over TLS with this PEM certificate chain (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -219,7 +228,11 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
-    for (k, v) in [("tls_cert", &args.tls_cert), ("tls_key", &args.tls_key)] {
+    for (k, v) in [
+        ("tls_cert", &args.tls_cert),
+        ("tls_key", &args.tls_key),
+        ("token_file", &args.token_file),
+    ] {
         if let Some(p) = v {
             put(k, p.to_string_lossy().into_owned().into());
         }
@@ -252,6 +265,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "index_catchup_secs",
             "drain_secs",
             "token",
+            "token_file",
             "tls_cert",
             "tls_key",
         ]))
@@ -261,6 +275,22 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
         return Err(
             "give a data directory (memwal serve ./data) or tables (--table NAME=URI)".into(),
         );
+    }
+    let mut config = config;
+    if let Some(path) = &config.token_file {
+        if config.token.is_some() {
+            return Err("give the token or token_file, not both".into());
+        }
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("token_file {}: {e}", path.display()))?;
+        let token = text.lines().next().unwrap_or("").trim().to_string();
+        if token.is_empty() {
+            return Err(format!("token_file {}: empty", path.display()));
+        }
+        config.token = Some(token);
+    }
+    if config.token.as_deref() == Some("") {
+        return Err("token: empty (unset it to serve without one)".into());
     }
     if config.tls_cert.is_some() != config.tls_key.is_some() {
         return Err("TLS needs both tls_cert and tls_key (or neither)".into());
@@ -352,6 +382,41 @@ mod tests {
             };
             jail.set_env("MEMWAL_SHARDS", "{}");
             assert!(resolve(&bad).unwrap_err().contains("shards of `t`"));
+            Ok(())
+        });
+    }
+
+    // Breaks if a token file is not read (first line, trimmed), if it can
+    // be combined with a token, or if an empty token is accepted (a daemon
+    // that looks protected and is not).
+    #[test]
+    fn the_token_comes_from_a_file_and_an_empty_one_is_refused() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("tok", "s3cret\nignored\n")?;
+            jail.create_file("empty", "\n")?;
+            let args = ServeArgs {
+                tables: vec!["t=/x".into()],
+                token_file: Some("tok".into()),
+                ..Default::default()
+            };
+            let c = resolve(&args).map_err(|e| e.to_string())?;
+            assert_eq!(c.token.as_deref(), Some("s3cret"));
+            let both = ServeArgs {
+                token: Some("x".into()),
+                ..args.clone()
+            };
+            assert!(resolve(&both).unwrap_err().contains("not both"));
+            let empty = ServeArgs {
+                token_file: Some("empty".into()),
+                ..args.clone()
+            };
+            assert!(resolve(&empty).unwrap_err().contains("empty"));
+            jail.set_env("MEMWAL_TOKEN", "");
+            let env_empty = ServeArgs {
+                token_file: None,
+                ..args
+            };
+            assert!(resolve(&env_empty).unwrap_err().contains("empty"));
             Ok(())
         });
     }

@@ -124,6 +124,12 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         hosts.insert(name.clone(), Arc::new(host));
     }
     let hosts = Arc::new(hosts);
+    // A shard whose writer stopped on a storage failure is reopened (a new
+    // claim and a replay) with backoff; /readyz reports it until then.
+    let reopeners: Vec<_> = hosts
+        .values()
+        .map(|h| h.spawn_reopener(Duration::from_secs(1), stop_rx.clone()))
+        .collect();
 
     let _ = opened.set(hosts.clone());
 
@@ -153,7 +159,9 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         }
     }
 
-    let service = IngestService::new(hosts.clone(), args.token.clone());
+    // Turns true when the drain expires: open ingest streams are cut.
+    let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
+    let service = IngestService::new(hosts.clone(), args.token.clone()).with_cut(cut_rx);
     let incoming = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("binding {}: {e}", args.listen))?;
@@ -198,11 +206,20 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     let drain = Duration::from_secs(args.drain_secs);
     let mut flight_task = flight_task;
     if tokio::time::timeout(drain, &mut flight_task).await.is_err() {
+        // Streams end with UNAVAILABLE; a batch not acknowledged by now is
+        // never written (and no shard opens once the tables close).
+        let _ = cut_tx.send(true);
         eprintln!("memwal: calls still open after {drain:?}; cutting them");
         flight_task.abort();
     }
+    let _ = cut_tx.send(true);
     for c in compactors {
         c.stop().await;
+    }
+    // A reopen still running is dropped (at worst a claim nobody uses:
+    // fencing makes that harmless); the shards then close.
+    for r in reopeners {
+        r.abort();
     }
     let closes = futures::future::join_all(hosts.iter().map(|(name, host)| async move {
         host.close()

@@ -76,9 +76,18 @@ impl History {
     }
 }
 
+/// What a failed put's status says happened: the daemon's definite codes
+/// mean nothing of the batch was written (the invariants then hold the
+/// daemon to that: such a row must never show); every other code
+/// (`UNAVAILABLE`, `INTERNAL`, `ABORTED`, a cut connection) leaves it
+/// unknown.
 fn classify(status: &tonic::Status) -> Outcome {
+    use tonic::Code;
     match status.code() {
-        tonic::Code::FailedPrecondition => Outcome::Refused,
+        Code::InvalidArgument
+        | Code::NotFound
+        | Code::FailedPrecondition
+        | Code::ResourceExhausted => Outcome::Refused,
         _ => Outcome::Unknown,
     }
 }

@@ -358,7 +358,9 @@ async fn memwal_load_writes_what_it_reports() {
 
 // Breaks if SIGTERM waits forever for a client that keeps its DoPut stream
 // open (the daemon must cut it after --drain-secs and still close every
-// shard and exit 0), or if the batch acknowledged on that stream is lost.
+// shard and exit 0), if a batch sent on it after the drain is acknowledged
+// or written (before the fix the ingest task outlived the cut), or if the
+// batch acknowledged on that stream is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_cuts_a_stream_left_open_and_keeps_its_acknowledged_rows() {
     let dir = tempfile::tempdir().unwrap();
@@ -382,6 +384,30 @@ async fn sigterm_cuts_a_stream_left_open_and_keeps_its_acknowledged_rows() {
         .status()
         .unwrap()
         .success());
+    // Once the drain expires the daemon cuts the stream: a batch sent then
+    // (keys of every bucket: shards were open, and it must not open any)
+    // is not acknowledged and never written.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !d
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("cutting them"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drain never expired"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // (A stream already cut cannot even take it: also not acknowledged.)
+    let _ = tx.unbounded_send(rows(&[4, 5, 6, 7, 8, 9, 10, 11], "late"));
+    let late = acks.try_next().await;
+    assert!(
+        !matches!(late, Ok(Some(_))),
+        "a batch sent after the drain was acknowledged: {late:?}"
+    );
     let status = tokio::time::timeout(
         std::time::Duration::from_secs(90),
         tokio::task::spawn_blocking(move || {

@@ -411,3 +411,62 @@ async fn mutated_flight_data_never_crashes_hangs_or_fools_the_daemon() {
     }
     d.stop_ok();
 }
+
+/// `ids` with `v` values, the key column nullable (so a null key can be
+/// sent at all), one batch per `Option` run.
+fn nullable_keys(ids: &[Option<i64>]) -> RecordBatch {
+    use arrow_array::{ArrayRef, Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    let schema = std::sync::Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, true),
+        Field::new("v", DataType::Utf8, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            std::sync::Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
+            std::sync::Arc::new(StringArray::from_iter_values(ids.iter().map(|_| "n"))),
+        ],
+    )
+    .unwrap()
+}
+
+// Breaks if a Flight SQL ingest that fails after earlier batches became
+// durable ends with a definite code (INVALID_ARGUMENT here: the client
+// would retry the whole ingest and append those rows twice to an
+// append-only table) instead of ABORTED with the durable row count in
+// `memwal-durable-rows`; or if one that fails before anything was written
+// loses its definite code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_failing_after_durable_batches_reports_a_partial_outcome() {
+    let (_dir, t) = table();
+    let d = Daemon::start(&t, &[]);
+    let mut c = client(&d.flight, None).await;
+    let good = nullable_keys(&(1..=10).map(Some).collect::<Vec<_>>());
+    let bad = nullable_keys(&[Some(11), None]);
+    let both = |first: RecordBatch, second: RecordBatch| async {
+        FlightDataEncoderBuilder::new()
+            .with_flight_descriptor(Some(descriptor(Path::Sql)))
+            .build(futures::stream::iter([Ok(first), Ok(second)]))
+            .try_collect::<Vec<_>>()
+            .await
+            .unwrap()
+    };
+    let e = send(&mut c, Path::Sql, both(good.clone(), bad.clone()).await)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Aborted, "{e}");
+    assert_eq!(
+        e.metadata()
+            .get("memwal-durable-rows")
+            .map(|v| v.to_str().unwrap()),
+        Some("10"),
+        "{e:?}"
+    );
+    let e = send(&mut c, Path::Sql, both(bad, good).await)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.metadata().get("memwal-durable-rows").is_none(), "{e:?}");
+    d.stop_ok();
+}

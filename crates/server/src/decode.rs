@@ -167,12 +167,19 @@ pub(crate) struct Put {
 pub(crate) struct IngestInput {
     table: String,
     decoder: FlightDataDecoder,
+    /// Turns true when the daemon cuts open streams (its drain expired).
+    cut: tokio::sync::watch::Receiver<bool>,
 }
 
 impl IngestInput {
     /// The stream `messages` (the first one already read by the handler)
     /// of a put into `table`.
-    pub(crate) fn new<S>(table: &str, messages: S, limits: IngestLimits) -> Self
+    pub(crate) fn new<S>(
+        table: &str,
+        messages: S,
+        limits: IngestLimits,
+        cut: tokio::sync::watch::Receiver<bool>,
+    ) -> Self
     where
         S: Stream<Item = Result<FlightData, Status>> + Send + 'static,
     {
@@ -185,6 +192,7 @@ impl IngestInput {
         Self {
             table: table.to_string(),
             decoder: FlightDataDecoder::new(checked),
+            cut,
         }
     }
 
@@ -192,9 +200,25 @@ impl IngestInput {
     /// cannot go on: a status from the transport or [`check_message`] keeps
     /// its code; anything the decoder refuses, or panics on, is
     /// `INVALID_ARGUMENT`.
+    ///
+    /// Once the daemon cuts open streams, the next call ends the stream
+    /// with `UNAVAILABLE` instead (a batch not acknowledged by then is not
+    /// written: no write is in progress while the next message is awaited).
     pub(crate) async fn next(&mut self) -> Option<Result<Put, Status>> {
         loop {
-            let step = AssertUnwindSafe(self.decoder.next()).catch_unwind().await;
+            let step = AssertUnwindSafe(self.decoder.next()).catch_unwind();
+            let step = tokio::select! {
+                biased;
+                // A dropped sender never cuts (the pattern disables the branch).
+                Ok(_) = self.cut.wait_for(|c| *c) => {
+                    return Some(Err(Status::unavailable(format!(
+                        "table `{}`: the daemon is stopping and cut this stream after its \
+                         drain; batches not acknowledged were not written",
+                        self.table
+                    ))));
+                }
+                step = step => step,
+            };
             let item = match step {
                 Ok(item) => item?,
                 Err(panic) => {

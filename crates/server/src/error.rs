@@ -39,15 +39,50 @@ pub enum ServerError {
         /// What was observed (the epochs).
         reason: String,
     },
-    /// Some parts of a batch are durable, another failed: retrying the whole
-    /// batch is safe for a keyed table (last write wins) but appends those
-    /// parts again to an append-only one.
-    #[error("{source}; parts already durable: {durable}")]
+    /// The shard is down: its writer stopped on a storage failure (or could
+    /// not open), and it is reopened with backoff. Nothing was written.
+    #[error("table `{table}`, shard {shard}: down for {down_secs} s ({cause}); next reopen in {retry_in_ms} ms")]
+    Down {
+        /// The table.
+        table: String,
+        /// The shard.
+        shard: String,
+        /// Why it went down.
+        cause: String,
+        /// Seconds it has been down.
+        down_secs: u64,
+        /// When the next reopen is tried.
+        retry_in_ms: u64,
+    },
+    /// Some parts of a batch are durable, others failed: the outcome is
+    /// partial (`ABORTED`, the parts in the status metadata
+    /// `memwal-durable-parts` and `memwal-failed-parts`, JSON). Retrying the
+    /// whole batch is safe for a keyed table (last write wins) but appends
+    /// the durable parts again to an append-only one.
+    #[error("table `{table}`: partly written: {} parts durable ({}); {} failed: {}", .durable.len(), durable_text(.durable), .failed.len(), failed_text(.failed))]
     Partial {
-        /// The failure.
-        source: Box<ServerError>,
-        /// The durable parts (shard: rows at WAL position).
-        durable: String,
+        /// The table.
+        table: String,
+        /// The durable parts.
+        durable: Vec<crate::PartAck>,
+        /// The parts that failed.
+        failed: Vec<FailedPart>,
+    },
+    /// The daemon is stopping: the table's shards are closing and take no
+    /// more rows. Nothing was written.
+    #[error("table `{table}`: the daemon is stopping; no more rows are taken")]
+    Stopping {
+        /// The table.
+        table: String,
+    },
+    /// A request came too soon after the last of its kind (a `flush`
+    /// action). Nothing was done.
+    #[error("table `{table}`: {what}; try again later")]
+    TooFrequent {
+        /// The table.
+        table: String,
+        /// What was refused.
+        what: String,
     },
     /// Setting up a table failed.
     #[error("table `{table}`: {reason}")]
@@ -59,16 +94,106 @@ pub enum ServerError {
     },
 }
 
-impl From<ServerError> for Status {
-    fn from(e: ServerError) -> Self {
-        let code = code_of(&e);
-        Status::new(code, e.to_string())
+/// A part of a batch that failed while others became durable.
+#[derive(Debug, Clone, serde::Serialize, PartialEq, Eq)]
+pub struct FailedPart {
+    /// The shard.
+    pub shard: String,
+    /// Rows of the part.
+    pub rows: usize,
+    /// The status code the part alone would have had.
+    pub code: String,
+    /// Whether its rows may nevertheless be durable.
+    pub outcome_unknown: bool,
+    /// What failed.
+    pub error: String,
+}
+
+fn durable_text(parts: &[crate::PartAck]) -> String {
+    parts
+        .iter()
+        .map(|p| format!("{}: {} rows at {}", p.shard, p.rows, p.wal_position))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn failed_text(parts: &[FailedPart]) -> String {
+    parts
+        .iter()
+        .map(|p| format!("{}: {} rows, {}: {}", p.shard, p.rows, p.code, p.error))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl ServerError {
+    /// Whether the rows of a failed write may nevertheless be durable (an
+    /// unknown outcome, or a partial one).
+    pub fn may_be_durable(&self) -> bool {
+        match self {
+            ServerError::Writer { source, .. } => source.may_be_durable(),
+            ServerError::Partial { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The shard the error concerns, when one does.
+    pub fn shard(&self) -> Option<&str> {
+        match self {
+            ServerError::Writer { shard, .. }
+            | ServerError::ServedElsewhere { shard, .. }
+            | ServerError::Down { shard, .. } => Some(shard),
+            _ => None,
+        }
     }
 }
 
-fn code_of(e: &ServerError) -> Code {
+/// Metadata keys of a partial outcome's status.
+pub const DURABLE_PARTS_KEY: &str = "memwal-durable-parts";
+/// See [`DURABLE_PARTS_KEY`].
+pub const FAILED_PARTS_KEY: &str = "memwal-failed-parts";
+
+impl From<ServerError> for Status {
+    fn from(e: ServerError) -> Self {
+        let code = code_of(&e);
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        if let ServerError::Partial {
+            durable, failed, ..
+        } = &e
+        {
+            let ascii = |v: serde_json::Value| {
+                let text: String = v
+                    .to_string()
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii() && !c.is_ascii_control() {
+                            c
+                        } else {
+                            '?'
+                        }
+                    })
+                    .collect();
+                tonic::metadata::MetadataValue::try_from(text).ok()
+            };
+            if let Some(v) = ascii(serde_json::json!(durable)) {
+                metadata.insert(DURABLE_PARTS_KEY, v);
+            }
+            if let Some(v) = ascii(serde_json::json!(failed)) {
+                metadata.insert(FAILED_PARTS_KEY, v);
+            }
+        }
+        Status::with_metadata(code, e.to_string(), metadata)
+    }
+}
+
+/// The status code of an error: `INVALID_ARGUMENT`, `NOT_FOUND`,
+/// `FAILED_PRECONDITION` and `RESOURCE_EXHAUSTED` mean nothing of the batch
+/// was written; `UNAVAILABLE` that nothing was, or (for an unknown outcome)
+/// that it may have been; `ABORTED` that some parts are durable.
+pub(crate) fn code_of(e: &ServerError) -> Code {
     match e {
-        ServerError::Partial { source, .. } => code_of(source),
+        ServerError::Partial { .. } => Code::Aborted,
+        ServerError::Down { .. } | ServerError::Stopping { .. } => Code::Unavailable,
+        ServerError::TooFrequent { .. } => Code::ResourceExhausted,
         ServerError::UnknownTable(_) => Code::NotFound,
         ServerError::InvalidInput { .. } => Code::InvalidArgument,
         ServerError::ServedElsewhere { .. } => Code::FailedPrecondition,

@@ -33,6 +33,7 @@ pub struct IngestService {
     tables: Arc<HashMap<String, Arc<TableHost>>>,
     token: Option<Arc<str>>,
     limits: IngestLimits,
+    cut: tokio::sync::watch::Receiver<bool>,
 }
 
 impl IngestService {
@@ -43,7 +44,15 @@ impl IngestService {
             tables,
             token: token.map(Into::into),
             limits: IngestLimits::default(),
+            cut: tokio::sync::watch::channel(false).1,
         }
+    }
+
+    /// Open ingest streams end (`UNAVAILABLE`) once `cut` turns true: what
+    /// the daemon does when its drain expires.
+    pub fn with_cut(mut self, cut: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.cut = cut;
+        self
     }
 
     /// Bounds on what one client message may make the daemon decode
@@ -60,14 +69,13 @@ impl IngestService {
         let given = request
             .metadata()
             .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            .and_then(|v| v.to_str().ok());
         match given {
-            Some(t) if t == token.as_ref() => Ok(()),
-            Some(_) => Err(Status::unauthenticated("wrong bearer token")),
             None => Err(Status::unauthenticated(
                 "this server requires `authorization: Bearer <token>`",
             )),
+            Some(g) if crate::auth::bearer_matches(Some(g), token) => Ok(()),
+            Some(_) => Err(Status::unauthenticated("wrong bearer token")),
         }
     }
 
@@ -223,11 +231,11 @@ impl FlightService for IngestService {
             };
             sql::ingest_target(&cmd)?;
             let table = self.table(&cmd.table)?;
-            let input = IngestInput::new(table.name(), messages, self.limits);
+            let input = IngestInput::new(table.name(), messages, self.limits, self.cut.clone());
             (table.clone(), sql::ingest(table, input, tx).boxed())
         } else {
             let (table, delete) = self.target(&descriptor)?;
-            let input = IngestInput::new(table.name(), messages, self.limits);
+            let input = IngestInput::new(table.name(), messages, self.limits, self.cut.clone());
             (table.clone(), ingest(table, delete, input, tx).boxed())
         };
         Ok(Response::new(spawn_monitored(table.name(), task, rx)))
@@ -251,6 +259,9 @@ impl FlightService for IngestService {
         let t = self.table(&name)?;
         let body = match action.r#type.as_str() {
             "flush" => {
+                // One flush per table at a time, at most one per second:
+                // a client cannot keep the flusher (and the store) busy.
+                let _turn = t.begin_flush().map_err(Status::from)?;
                 t.flush().await.map_err(Status::from)?;
                 json!({ "table": name, "flushed": true })
             }

@@ -35,11 +35,10 @@ pub struct HttpState {
 fn authorized(state: &HttpState, headers: &HeaderMap) -> bool {
     match &state.token {
         None => true,
-        Some(t) => headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|given| given == t.as_ref()),
+        Some(t) => crate::auth::bearer_matches(
+            headers.get("authorization").and_then(|v| v.to_str().ok()),
+            t,
+        ),
     }
 }
 
@@ -57,10 +56,24 @@ async fn readyz(State(s): State<HttpState>, headers: HeaderMap) -> Response {
     if !authorized(&s, &headers) {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    if s.ready.load(Ordering::SeqCst) {
+    if !s.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response();
+    }
+    let down: Vec<String> = s
+        .tables
+        .get()
+        .iter()
+        .flat_map(|t| t.values())
+        .flat_map(|t| t.down_shards())
+        .collect();
+    if down.is_empty() {
         "ready\n".into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n").into_response()
+        let body = format!(
+            "not ready: shards down (reopening with backoff):\n{}\n",
+            down.join("\n")
+        );
+        (StatusCode::SERVICE_UNAVAILABLE, body).into_response()
     }
 }
 

@@ -6,15 +6,17 @@
 #![warn(missing_docs)]
 #![recursion_limit = "256"]
 
+mod auth;
 mod decode;
 mod error;
 mod flight;
 pub mod http;
+mod slots;
 mod sql;
 mod table;
 
 pub use arrow_flight::flight_service_server::FlightServiceServer;
 pub use decode::IngestLimits;
-pub use error::ServerError;
+pub use error::{FailedPart, ServerError};
 pub use flight::IngestService;
-pub use table::{PartAck, ShardKey, ShardStatus, TableHost};
+pub use table::{FlushTurn, PartAck, ShardKey, ShardStatus, TableHost, MIN_FLUSH_INTERVAL};

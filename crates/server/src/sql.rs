@@ -154,36 +154,20 @@ pub(crate) async fn ingest(
 ) {
     let mut rows: i64 = 0;
     let mut batches: u64 = 0;
-    let durable_before = |rows: i64, batches: u64| {
-        format!("; {rows} rows in the {batches} batches before it are durable")
-    };
     while let Some(item) = input.next().await {
-        let batch = match item {
-            Ok(put) => put.batch,
-            Err(status) => {
-                let status = Status::new(
-                    status.code(),
-                    format!(
-                        "ingest: {}{}",
-                        status.message(),
-                        durable_before(rows, batches)
-                    ),
-                );
-                let _ = tx.send(Err(status)).await;
-                return;
-            }
+        let failure = match item {
+            Ok(put) => match table.write(&put.batch, false).await {
+                Ok(_) => {
+                    rows += put.batch.num_rows() as i64;
+                    batches += 1;
+                    continue;
+                }
+                Err(e) => Status::from(e),
+            },
+            Err(status) => status,
         };
-        if let Err(e) = table.write(&batch, false).await {
-            let status = Status::from(e);
-            let status = Status::new(
-                status.code(),
-                format!("{}{}", status.message(), durable_before(rows, batches)),
-            );
-            let _ = tx.send(Err(status)).await;
-            return;
-        }
-        rows += batch.num_rows() as i64;
-        batches += 1;
+        let _ = tx.send(Err(after_durable(failure, rows, batches))).await;
+        return;
     }
     let result = DoPutUpdateResult { record_count: rows };
     let _ = tx
@@ -191,6 +175,35 @@ pub(crate) async fn ingest(
             app_metadata: Bytes::from(result.encode_to_vec()),
         }))
         .await;
+}
+
+/// Metadata key of an ingest's partial outcome: the rows durable before
+/// the failure (decimal).
+pub const DURABLE_ROWS_KEY: &str = "memwal-durable-rows";
+
+/// The status an ingest ends with when `failure` stops it after `rows`
+/// rows in `batches` batches were durable: the failure's own code only
+/// when nothing was written (a definite code means nothing of the ingest
+/// was); `ABORTED` (partial) otherwise, the durable row count in the
+/// metadata `memwal-durable-rows` and the message.
+fn after_durable(failure: Status, rows: i64, batches: u64) -> Status {
+    let message = format!(
+        "ingest: {}; {rows} rows in the {batches} batches before it are durable",
+        failure.message()
+    );
+    if rows == 0 {
+        return Status::with_metadata(failure.code(), message, failure.metadata().clone());
+    }
+    let code = match failure.code() {
+        // Unknown outcomes stay unknown; everything else is partial.
+        c @ (tonic::Code::Unavailable | tonic::Code::Internal) => c,
+        _ => tonic::Code::Aborted,
+    };
+    let mut metadata = failure.metadata().clone();
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(rows.to_string()) {
+        metadata.insert(DURABLE_ROWS_KEY, v);
+    }
+    Status::with_metadata(code, message, metadata)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! One served table: its shards' writers, and puts split by the table's
 //! sharding spec and acknowledged once every part is durable.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -14,26 +14,12 @@ use memwal_store::RetryPolicy;
 use memwal_table::BaseTable;
 use serde::Serialize;
 
+use crate::error::FailedPart;
+use crate::slots::{self, Slot, Slots};
 use crate::ServerError;
 
 /// Shard field values identifying a shard under the table's spec.
 pub type ShardKey = BTreeMap<String, Vec<u8>>;
-
-/// A shard this daemon serves, served until another writer took it, or
-/// could not open because its stored state is corrupt.
-enum Slot {
-    Live(Arc<ShardWriter>),
-    Lost {
-        shard: ShardId,
-        reason: String,
-    },
-    /// Refuses its rows with `error` (naming the object) until the daemon
-    /// is restarted; the table's other shards keep serving.
-    Failed {
-        shard: ShardId,
-        error: memwal::Error,
-    },
-}
 
 /// What one part of a put reached.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -53,8 +39,9 @@ pub struct ShardStatus {
     pub shard: String,
     /// Its shard field values (hex).
     pub values: BTreeMap<String, String>,
-    /// `serving`, `lost` (to another writer) or `failed` (corrupt stored
-    /// state: see `last_error`).
+    /// `serving`, `lost` (to another writer), `failed` (corrupt stored
+    /// state) or `down` (its writer stopped on a storage failure; reopened
+    /// with backoff): see `last_error`.
     pub state: &'static str,
     /// Epoch, manifest version, generations, WAL, memory (when serving).
     pub epoch: Option<u64>,
@@ -132,9 +119,26 @@ pub struct TableHost {
     /// unsharded table, one bucket field): how a shard whose manifest does
     /// not decode is tied to its rows.
     enumerable: Option<Vec<ShardKey>>,
-    shards: tokio::sync::Mutex<HashMap<ShardKey, Slot>>,
+    slots: Slots,
+    /// When the last `flush` action started, and whether one runs.
+    flushes: parking_lot::Mutex<(Option<std::time::Instant>, bool)>,
+    /// Set when [`Self::close`] starts: no shard opens and no row is taken
+    /// after it.
+    closing: std::sync::atomic::AtomicBool,
     /// The table's compactor, when the daemon runs one (status only).
     compactor: std::sync::OnceLock<memwal_compactor::Compactor>,
+}
+
+/// `flush` actions start at most this often per table.
+pub const MIN_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A `flush` action's turn ([`TableHost::begin_flush`]).
+pub struct FlushTurn<'a>(&'a TableHost);
+
+impl Drop for FlushTurn<'_> {
+    fn drop(&mut self) {
+        self.0.flushes.lock().1 = false;
+    }
 }
 
 /// A configured subset of a bucket-sharded table's shards.
@@ -289,8 +293,10 @@ impl TableHost {
             config,
             owned,
             enumerable,
-            shards: tokio::sync::Mutex::new(HashMap::new()),
+            slots: Slots::default(),
             compactor: std::sync::OnceLock::new(),
+            closing: Default::default(),
+            flushes: Default::default(),
         };
         host.open_existing().await?;
         Ok(host)
@@ -365,11 +371,12 @@ impl TableHost {
             }
             found.insert(key, shard);
         }
-        let mut slots = self.shards.lock().await;
-        slots.extend(failed);
+        for (key, slot) in failed {
+            self.slots.cell(&key).set(slot);
+        }
         for (key, shard) in found {
-            match self.open_writer(shard, &key).await {
-                Ok(w) => slots.insert(key, Slot::Live(Arc::new(w))),
+            let slot = match self.open_writer(shard, &key).await {
+                Ok(w) => Slot::Live(Arc::new(w)),
                 // Corrupt stored state does not heal by retrying: refuse
                 // this shard's rows, serve the rest.
                 Err(ServerError::Writer {
@@ -377,10 +384,11 @@ impl TableHost {
                     ..
                 }) => {
                     tracing::error!(table = %self.name, %shard, %error, "shard state corrupt; its rows are refused");
-                    slots.insert(key, Slot::Failed { shard, error })
+                    Slot::Failed { shard, error }
                 }
                 Err(e) => return Err(e),
             };
+            self.slots.cell(&key).set(slot);
         }
         Ok(())
     }
@@ -419,44 +427,186 @@ impl TableHost {
             })
     }
 
-    /// The writer of shard `key`, creating the shard on first use.
+    /// The writer of shard `key`, creating the shard on first use and
+    /// reopening a shard that is down once its backoff has passed. Only
+    /// this shard waits while it opens.
     async fn writer(&self, key: &ShardKey) -> Result<Arc<ShardWriter>, ServerError> {
-        let mut slots = self.shards.lock().await;
-        match slots.get(key) {
-            Some(Slot::Live(w)) => return Ok(w.clone()),
-            Some(Slot::Lost { shard, reason }) => {
-                return Err(ServerError::ServedElsewhere {
-                    table: self.name.clone(),
-                    shard: shard.to_string(),
-                    reason: reason.clone(),
-                })
-            }
-            Some(Slot::Failed { shard, error }) => {
-                return Err(ServerError::Writer {
-                    table: self.name.clone(),
-                    shard: shard.to_string(),
-                    source: error.clone(),
-                })
-            }
-            None => {}
+        let cell = self.slots.cell(key);
+        match cell.current() {
+            Some(Slot::Live(w)) => return Ok(w),
+            Some(slot) if !self.due(&slot) => return Err(self.refusal(&slot)),
+            Some(_) => {}
+            None => self.check_owned(key)?,
         }
-        if let Some(owned) = &self.owned {
-            if !owned.keys.contains(key) {
-                let values: Vec<String> =
-                    key.iter().map(|(k, v)| format!("{k}={}", hex(v))).collect();
-                return Err(ServerError::ServedElsewhere {
-                    table: self.name.clone(),
-                    shard: format!("of {}", values.join(",")),
-                    reason: format!("this daemon owns buckets {:?} only", owned.buckets),
-                });
-            }
-        }
+        let _opening = cell.opening.lock().await;
+        // No shard opens once the table closes (it would never be closed).
+        self.check_open()?;
+        // Another put may have opened it meanwhile.
+        let attempts = match cell.current() {
+            Some(Slot::Live(w)) => return Ok(w),
+            Some(slot @ Slot::Down { .. }) if self.due(&slot) => match slot {
+                Slot::Down { attempts, .. } => attempts + 1,
+                _ => unreachable!(),
+            },
+            Some(slot) => return Err(self.refusal(&slot)),
+            None => 0,
+        };
         // The id follows from the values: a peer creating this bucket's
         // shard at the same time creates the same one (and fencing decides).
         let shard = ShardId::for_values(self.spec_id, key);
-        let w = Arc::new(self.open_writer(shard, key).await?);
-        slots.insert(key.clone(), Slot::Live(w.clone()));
-        Ok(w)
+        match self.open_writer(shard, key).await {
+            Ok(w) => {
+                if attempts > 0 {
+                    tracing::info!(table = %self.name, %shard, attempts, "shard reopened");
+                    metrics::counter!("memwal_server_shard_reopens_total", "table" => self.name.clone())
+                        .increment(1);
+                }
+                let w = Arc::new(w);
+                cell.set(Slot::Live(w.clone()));
+                Ok(w)
+            }
+            Err(ServerError::Writer { source, .. }) => {
+                let slot = match source {
+                    e if e.is_fenced() => Slot::Lost {
+                        shard,
+                        reason: e.to_string(),
+                    },
+                    error @ memwal::Error::Corrupt { .. } => Slot::Failed { shard, error },
+                    cause => {
+                        tracing::warn!(table = %self.name, %shard, error = %cause, attempts, "shard could not open; retrying with backoff");
+                        slots::down(shard, cause, attempts)
+                    }
+                };
+                let refused = self.refusal(&slot);
+                cell.set(slot);
+                Err(refused)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether a slot that is not live should be (re)opened now.
+    fn due(&self, slot: &Slot) -> bool {
+        matches!(slot, Slot::Down { retry_at, .. } if *retry_at <= std::time::Instant::now())
+    }
+
+    fn check_open(&self) -> Result<(), ServerError> {
+        if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ServerError::Stopping {
+                table: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses rows of `key` when this daemon does not own its bucket.
+    fn check_owned(&self, key: &ShardKey) -> Result<(), ServerError> {
+        let Some(owned) = &self.owned else {
+            return Ok(());
+        };
+        if owned.keys.contains(key) {
+            return Ok(());
+        }
+        let values: Vec<String> = key.iter().map(|(k, v)| format!("{k}={}", hex(v))).collect();
+        Err(ServerError::ServedElsewhere {
+            table: self.name.clone(),
+            shard: format!("of {}", values.join(",")),
+            reason: format!("this daemon owns buckets {:?} only", owned.buckets),
+        })
+    }
+
+    /// Why rows of a shard in `slot` (not live) are refused now.
+    fn refusal(&self, slot: &Slot) -> ServerError {
+        let shard = slot.shard().to_string();
+        match slot {
+            Slot::Lost { reason, .. } => ServerError::ServedElsewhere {
+                table: self.name.clone(),
+                shard,
+                reason: reason.clone(),
+            },
+            Slot::Failed { error, .. } => ServerError::Writer {
+                table: self.name.clone(),
+                shard,
+                source: error.clone(),
+            },
+            Slot::Down {
+                cause,
+                since,
+                retry_at,
+                ..
+            } => ServerError::Down {
+                table: self.name.clone(),
+                shard,
+                cause: cause.to_string(),
+                down_secs: since.elapsed().as_secs(),
+                retry_in_ms: retry_at
+                    .saturating_duration_since(std::time::Instant::now())
+                    .as_millis() as u64,
+            },
+            Slot::Live(w) => ServerError::Writer {
+                table: self.name.clone(),
+                shard,
+                source: w.terminal_error().unwrap_or_else(|| memwal::Error::Closed {
+                    reason: "the shard is closing".into(),
+                }),
+            },
+        }
+    }
+
+    /// Reopens every shard that is down and due (the host's monitor calls
+    /// this; puts reopen a due shard too). Returns how many stay down.
+    pub async fn reopen_down_shards(&self) -> usize {
+        let mut still_down = 0;
+        for (key, slot) in self.slots.snapshot() {
+            if let Slot::Down { .. } = slot {
+                if self.due(&slot) && self.writer(&key).await.is_ok() {
+                    continue;
+                }
+                still_down += 1;
+            }
+        }
+        still_down
+    }
+
+    /// Runs [`Self::reopen_down_shards`] every `every` in a task of its
+    /// own until `stop` turns true (the daemon's shutdown): a shard that
+    /// went down comes back without waiting for its next put.
+    pub fn spawn_reopener(
+        self: &Arc<Self>,
+        every: std::time::Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let host = self.clone();
+        let span = tracing::info_span!("reopener", table = %self.name);
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = stop.wait_for(|s| *s) => break,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                    let down = host.reopen_down_shards().await;
+                    metrics::gauge!("memwal_server_shards_down", "table" => host.name.clone())
+                        .set(down as f64);
+                }
+            },
+            span,
+        ))
+    }
+
+    /// The shards that are down, with why: what `/readyz` reports.
+    pub fn down_shards(&self) -> Vec<String> {
+        self.slots
+            .snapshot()
+            .into_iter()
+            .filter_map(|(_, s)| match s {
+                Slot::Down { shard, cause, .. } => {
+                    Some(format!("table `{}`, shard {shard}: {cause}", self.name))
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     fn check_schema(&self, batch: &RecordBatch, delete: bool) -> Result<(), ServerError> {
@@ -523,6 +673,7 @@ impl TableHost {
         batch: &RecordBatch,
         delete: bool,
     ) -> Result<Vec<PartAck>, ServerError> {
+        self.check_open()?;
         self.check_schema(batch, delete)?;
         if batch.num_rows() == 0 {
             return Ok(Vec::new());
@@ -551,66 +702,109 @@ impl TableHost {
                 })?
             }
         };
-        let writes = parts.into_iter().map(|(key, part)| async move {
+        // 1. Everything that can refuse a part, for every part, before any
+        //    is written: the shard's slot (owned, not lost, failed or down;
+        //    opened if new) and the shard writer's own checks (its schema,
+        //    keys, routing, size). A refusal here means nothing was written.
+        let prepares = parts.into_iter().map(|(key, part)| async move {
             let w = self.writer(&key).await?;
-            let r = if delete {
-                w.delete(&part).await
+            let prepared = if delete {
+                w.prepare_delete(&part)
             } else {
-                w.put(&part).await
+                w.prepare_put(&part)
             };
-            match r {
+            let prepared = prepared.map_err(|source| ServerError::Writer {
+                table: self.name.clone(),
+                shard: w.shard().to_string(),
+                source,
+            })?;
+            Ok::<_, ServerError>((key, w, prepared))
+        });
+        let mut prepared = Vec::new();
+        for r in futures::future::join_all(prepares).await {
+            prepared.push(r?);
+        }
+        // 2. Every part at once. Only the writers' state can fail them now
+        //    (fenced, closed, backpressure, storage).
+        let writes = prepared.into_iter().map(|(key, w, part)| async move {
+            let rows = part.num_rows();
+            match w.put_prepared(part).await {
                 Ok(position) => Ok(PartAck {
                     shard: w.shard().to_string(),
-                    rows: part.num_rows(),
+                    rows,
                     wal_position: position,
                 }),
                 Err(source) => {
                     if source.is_fenced() {
-                        self.lose(&key, w.shard(), source.to_string()).await;
+                        self.lose(&key, w.shard(), source.to_string());
                     }
-                    Err(ServerError::Writer {
-                        table: self.name.clone(),
-                        shard: w.shard().to_string(),
-                        source,
-                    })
+                    Err((
+                        rows,
+                        ServerError::Writer {
+                            table: self.name.clone(),
+                            shard: w.shard().to_string(),
+                            source,
+                        },
+                    ))
                 }
             }
         });
-        let results = futures::future::join_all(writes).await;
         let mut done = Vec::new();
-        let mut failed = None;
-        for r in results {
+        let mut failed = Vec::new();
+        for r in futures::future::join_all(writes).await {
             match r {
                 Ok(part) => done.push(part),
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
+                Err(e) => failed.push(e),
             }
         }
-        match failed {
-            None => Ok(done),
-            Some(e) if done.is_empty() => Err(e),
-            Some(e) => Err(ServerError::Partial {
-                source: Box::new(e),
-                durable: done
-                    .iter()
-                    .map(|p| format!("{}: {} rows at {}", p.shard, p.rows, p.wal_position))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            }),
+        if failed.is_empty() {
+            return Ok(done);
         }
+        if done.is_empty() {
+            // Nothing durable: the first failure says what happened (an
+            // unknown outcome where any part's is unknown).
+            let unknown = failed.iter().position(|(_, e)| e.may_be_durable());
+            return Err(failed.swap_remove(unknown.unwrap_or(0)).1);
+        }
+        Err(ServerError::Partial {
+            table: self.name.clone(),
+            durable: done,
+            failed: failed
+                .into_iter()
+                .map(|(rows, e)| FailedPart {
+                    shard: e.shard().unwrap_or_default().to_string(),
+                    rows,
+                    code: format!("{:?}", crate::error::code_of(&e)),
+                    outcome_unknown: e.may_be_durable(),
+                    error: e.to_string(),
+                })
+                .collect(),
+        })
     }
 
-    async fn lose(&self, key: &ShardKey, shard: ShardId, reason: String) {
+    fn lose(&self, key: &ShardKey, shard: ShardId, reason: String) {
         metrics::counter!("memwal_server_shards_lost_total", "table" => self.name.clone())
             .increment(1);
         tracing::warn!(table = %self.name, %shard, %reason, "shard taken over; no longer served");
-        let mut slots = self.shards.lock().await;
-        if let Some(Slot::Live(w)) = slots.get(key) {
-            if w.shard() == shard {
-                slots.insert(key.clone(), Slot::Lost { shard, reason });
-            }
+        self.slots
+            .cell(key)
+            .replace_live(shard, Slot::Lost { shard, reason });
+    }
+
+    /// Admits one `flush` action: refused (`RESOURCE_EXHAUSTED`) while
+    /// another runs or within [`MIN_FLUSH_INTERVAL`] of the last one's
+    /// start. The turn ends when the returned guard drops.
+    pub fn begin_flush(&self) -> Result<FlushTurn<'_>, ServerError> {
+        let mut f = self.flushes.lock();
+        let recent = f.0.is_some_and(|at| at.elapsed() < MIN_FLUSH_INTERVAL);
+        if f.1 || recent {
+            return Err(ServerError::TooFrequent {
+                table: self.name.clone(),
+                what: format!("a flush runs or started less than {MIN_FLUSH_INTERVAL:?} ago"),
+            });
         }
+        *f = (Some(std::time::Instant::now()), true);
+        Ok(FlushTurn(self))
     }
 
     /// Flushes every served shard (frozen and published).
@@ -626,21 +820,20 @@ impl TableHost {
     }
 
     async fn live(&self) -> Vec<Arc<ShardWriter>> {
-        self.shards
-            .lock()
-            .await
-            .values()
-            .filter_map(|s| match s {
-                Slot::Live(w) => Some(w.clone()),
-                Slot::Lost { .. } | Slot::Failed { .. } => None,
-            })
-            .collect()
+        self.slots.live()
     }
 
     /// Closes every served shard at once (flush, publish, stop), each
     /// bounded by the writer's `close_timeout`, reporting the first failure
     /// after trying all. Rows a failed close could not flush stay in the WAL.
     pub async fn close(&self) -> Result<(), ServerError> {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // A shard opening right now finishes (under its cell's lock) before
+        // it is listed; one not yet opening sees `closing` and refuses.
+        for (key, _) in self.slots.snapshot() {
+            let _ = self.slots.cell(&key).opening.lock().await;
+        }
         let live = self.live().await;
         let results = futures::future::join_all(live.iter().map(|w| w.close())).await;
         let mut first = None;
@@ -684,15 +877,13 @@ impl TableHost {
                 .map(|i| (i.clone(), b.index_caught_up(i, shard.uuid().as_bytes())))
                 .collect()
         };
-        let slots = self.shards.lock().await;
-        let mut out: Vec<ShardStatus> = slots
+        let mut out: Vec<ShardStatus> = self
+            .slots
+            .snapshot()
             .iter()
             .map(|(key, slot)| {
                 let values = key.iter().map(|(k, v)| (k.clone(), hex(v))).collect();
-                let shard = match slot {
-                    Slot::Live(w) => w.shard(),
-                    Slot::Lost { shard, .. } | Slot::Failed { shard, .. } => *shard,
-                };
+                let shard = slot.shard();
                 let mut status = match slot {
                     Slot::Live(w) => {
                         let s = w.stats();
@@ -725,6 +916,22 @@ impl TableHost {
                         "failed",
                         compacted(*shard),
                         &error.to_string(),
+                    ),
+                    Slot::Down {
+                        shard,
+                        cause,
+                        since,
+                        attempts,
+                        ..
+                    } => ShardStatus::not_serving(
+                        *shard,
+                        values,
+                        "down",
+                        compacted(*shard),
+                        &format!(
+                            "down for {} s after: {cause}; {attempts} reopen attempts so far",
+                            since.elapsed().as_secs()
+                        ),
                     ),
                 };
                 status.index_catchup = catchup(shard);

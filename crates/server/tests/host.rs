@@ -9,6 +9,10 @@ use memwal_compactor::{create_table, TableSharding};
 use memwal_server::{ServerError, TableHost};
 
 fn rows(ids: &[i64]) -> RecordBatch {
+    tagged(ids, "v")
+}
+
+fn tagged(ids: &[i64], tag: &str) -> RecordBatch {
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("v", DataType::Utf8, true),
@@ -18,7 +22,7 @@ fn rows(ids: &[i64]) -> RecordBatch {
         vec![
             Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
             Arc::new(StringArray::from_iter_values(
-                ids.iter().map(|i| format!("v{i}")),
+                ids.iter().map(|i| format!("{tag}{i}")),
             )),
         ],
     )
@@ -48,23 +52,12 @@ async fn bucket_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation {
     loc
 }
 
-fn durable_parts(e: &ServerError) -> usize {
-    match e {
-        ServerError::Partial { durable, source } => {
-            assert!(
-                matches!(**source, ServerError::ServedElsewhere { .. }),
-                "{e}"
-            );
-            durable.matches("rows at").count()
-        }
-        other => panic!("expected a partial failure, got {other}"),
-    }
-}
-
 // Breaks if a daemon owning a bucket subset claims (and so fences) a shard
-// of another daemon's buckets, at first use or when reopening, if rows of a
-// bucket it does not own are accepted or refused with a code other than
-// FAILED_PRECONDITION, or if the two halves do not together hold every row.
+// of another daemon's buckets, at first use or when reopening, if a batch
+// with rows of a bucket it does not own is accepted, partly written (its
+// owned parts durable: a definite code must mean nothing was written) or
+// refused with a code other than FAILED_PRECONDITION, or if the two halves
+// do not together hold every row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemons_owning_bucket_subsets_split_a_table_without_fencing_each_other() {
     let dir = tempfile::tempdir().unwrap();
@@ -75,28 +68,29 @@ async fn daemons_owning_bucket_subsets_split_a_table_without_fencing_each_other(
     let a = open(&[0, 1]).await.unwrap();
     let b = open(&[2, 3]).await.unwrap();
     let ids: Vec<i64> = (0..40).collect();
-    let e = a.write(&rows(&ids), false).await.unwrap_err();
-    assert_eq!(durable_parts(&e), 2, "{e}");
-    assert_eq!(
-        tonic::Status::from(e).code(),
-        tonic::Code::FailedPrecondition
-    );
-    assert_eq!(
-        durable_parts(&b.write(&rows(&ids), false).await.unwrap_err()),
-        2
-    );
+    let bucket = |id: &i64| memwal_sharding::bucket_of(memwal_sharding::hash_i64(*id), 4);
+    let own_a: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) < 2).collect();
+    let own_b: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) >= 2).collect();
+    // A batch spanning both halves is refused whole by either daemon:
+    // nothing of it is written (its `x` values never show below).
+    for host in [&a, &b] {
+        let e = host.write(&tagged(&ids, "x"), false).await.unwrap_err();
+        assert!(matches!(e, ServerError::ServedElsewhere { .. }), "{e}");
+        assert!(!e.may_be_durable(), "{e}");
+        assert_eq!(
+            tonic::Status::from(e).code(),
+            tonic::Code::FailedPrecondition
+        );
+    }
+    a.write(&rows(&own_a), false).await.unwrap();
+    b.write(&rows(&own_b), false).await.unwrap();
     // Reopening A must claim only its own two shards: B keeps writing.
     a.close().await.unwrap();
     let a = open(&[0, 1]).await.unwrap();
     assert_eq!(a.status().await.len(), 2);
-    assert_eq!(
-        durable_parts(&b.write(&rows(&ids), false).await.unwrap_err()),
-        2
-    );
-    assert_eq!(
-        durable_parts(&a.write(&rows(&ids), false).await.unwrap_err()),
-        2
-    );
+    b.write(&rows(&own_b), false).await.unwrap();
+    a.write(&rows(&own_a), false).await.unwrap();
+    assert!(a.write(&tagged(&ids, "x"), false).await.is_err());
     for s in a.status().await.iter().chain(b.status().await.iter()) {
         assert_eq!(s.state, "serving", "{s:?}");
     }
@@ -129,6 +123,11 @@ async fn daemons_owning_bucket_subsets_split_a_table_without_fencing_each_other(
         .await
         .unwrap();
     assert_eq!(ds.count_rows(None).await.unwrap(), 40);
+    assert_eq!(
+        ds.count_rows(Some("v LIKE 'x%'".into())).await.unwrap(),
+        0,
+        "a refused batch left rows"
+    );
 }
 
 // Breaks if /readyz says ready (or /status hides that tables are still
@@ -194,7 +193,8 @@ async fn readyz_is_unavailable_until_every_table_is_open() {
 
 // Breaks if a batch whose shards are partly taken over is reported as a
 // plain failure (the client could not tell that other parts are durable),
-// maps to a code other than FAILED_PRECONDITION, or if the taken-over shard
+// maps to a definite code instead of ABORTED (partial) with the durable and
+// failed parts in the status metadata, or if the taken-over shard
 // keeps being served (its status must say lost, the others serving).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partly_taken_over_batch_reports_its_durable_parts() {
@@ -214,16 +214,40 @@ async fn a_partly_taken_over_batch_reports_its_durable_parts() {
         .unwrap();
     let e = host.write(&rows(&ids), false).await.unwrap_err();
     match &e {
-        ServerError::Partial { durable, source } => {
-            assert_eq!(durable.matches("rows at").count(), 3, "{e}");
-            assert!(matches!(**source, ServerError::Writer { .. }), "{e}");
+        ServerError::Partial {
+            durable, failed, ..
+        } => {
+            assert_eq!(durable.len(), 3, "{e}");
+            assert_eq!(failed.len(), 1, "{e}");
+            assert_eq!(failed[0].shard, victim.to_string());
+            assert_eq!(failed[0].code, "FailedPrecondition", "{e}");
         }
         other => panic!("expected a partial failure, got {other}"),
     }
-    assert_eq!(
-        tonic::Status::from(e).code(),
-        tonic::Code::FailedPrecondition
-    );
+    // The partial outcome has its own code, and the parts in metadata a
+    // client can read.
+    let status = tonic::Status::from(e);
+    assert_eq!(status.code(), tonic::Code::Aborted);
+    let durable: serde_json::Value = serde_json::from_str(
+        status
+            .metadata()
+            .get("memwal-durable-parts")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(durable.as_array().unwrap().len(), 3, "{durable}");
+    let failed: serde_json::Value = serde_json::from_str(
+        status
+            .metadata()
+            .get("memwal-failed-parts")
+            .unwrap()
+            .to_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(failed[0]["shard"], victim.to_string(), "{failed}");
     let status = host.status().await;
     let lost: Vec<_> = status.iter().filter(|s| s.state == "lost").collect();
     assert_eq!(lost.len(), 1, "{status:?}");
@@ -287,4 +311,272 @@ async fn two_hosts_creating_a_buckets_shard_create_the_same_one() {
     );
     b.close().await.unwrap();
     a.close().await.unwrap();
+}
+
+// Breaks if a batch is checked only against the table-level schema: here
+// two shards opened before a column was added to the base and two open
+// after it (their writers want the new column), so the old-schema batch
+// fits the first two and not the others. Before the fix the first two
+// parts became durable and the batch failed INVALID_ARGUMENT anyway (a
+// retry duplicates them on an append-only table); now nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_one_shard_refuses_fails_the_batch_before_any_part_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let bucket = |id: &i64| memwal_sharding::bucket_of(memwal_sharding::hash_i64(*id), 4);
+    let ids: Vec<i64> = (0..40).collect();
+    let early: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) < 2).collect();
+    host.write(&rows(&early), false).await.unwrap();
+    let positions = |status: Vec<memwal_server::ShardStatus>| -> Vec<(String, Option<u64>)> {
+        status
+            .into_iter()
+            .map(|s| (s.shard, s.wal_position))
+            .collect()
+    };
+    let before = positions(host.status().await);
+    assert_eq!(before.len(), 2);
+
+    let path = dir.path().join("t");
+    let mut ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
+    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
+    ds.add_columns(
+        lance::dataset::NewColumnTransform::AllNulls(extra),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+
+    let e = host.write(&tagged(&ids, "x"), false).await.unwrap_err();
+    assert!(!e.may_be_durable(), "{e}");
+    assert!(matches!(e, ServerError::Writer { .. }), "{e}");
+    assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
+    let after: Vec<_> = positions(host.status().await)
+        .into_iter()
+        .filter(|(shard, _)| before.iter().any(|(s, _)| s == shard))
+        .collect();
+    assert_eq!(after, before, "no part of the refused batch reached a WAL");
+    host.close().await.unwrap();
+}
+
+// Breaks if a shard whose writer stopped on a storage failure stays down
+// (every later put UNAVAILABLE until a restart), if /status and /readyz
+// do not show it down with its cause, or if the reopen (a new claim and a
+// replay) loses an acknowledged row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_down_on_a_storage_failure_is_reported_and_reopened() {
+    use memwal_testkit::{Action, FaultStore, OpKind};
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let faults = FaultStore::new(loc.store.clone());
+    let faulty = memwal_store::StoreLocation {
+        store: faults.clone(),
+        ..loc.clone()
+    };
+    let config = ShardWriterConfig {
+        retry: memwal_store::RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: std::time::Duration::from_millis(1),
+            max_backoff: std::time::Duration::from_millis(2),
+        },
+        ..ShardWriterConfig::default()
+    };
+    let host = Arc::new(TableHost::open("t", faulty, config).await.unwrap());
+    host.write(&rows(&[1, 2, 3]), false).await.unwrap();
+    let shard_of_1 = host.write(&rows(&[1]), false).await.unwrap()[0]
+        .shard
+        .clone();
+
+    // Every WAL write fails: the shard of key 1 goes down.
+    faults.set_hook(|op| {
+        if op.kind == OpKind::Put && op.path.contains("/wal/") {
+            Action::Fail
+        } else {
+            Action::Pass
+        }
+    });
+    let e = host.write(&tagged(&[1], "lost"), false).await.unwrap_err();
+    assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+    let e = host.write(&rows(&[1]), false).await.unwrap_err();
+    assert!(matches!(e, ServerError::Down { .. }), "{e}");
+    let down = host.down_shards();
+    assert_eq!(down.len(), 1, "{down:?}");
+    assert!(down[0].contains(&shard_of_1), "{down:?}");
+    let status = host.status().await;
+    let s = status.iter().find(|s| s.shard == shard_of_1).unwrap();
+    assert_eq!(s.state, "down", "{s:?}");
+    assert!(
+        s.last_error.as_deref().unwrap_or("").contains("down for"),
+        "{s:?}"
+    );
+    let readyz = || async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tables: memwal_server::http::Tables = Default::default();
+        let _ = tables.set(Arc::new([("t".to_string(), host.clone())].into()));
+        let state = memwal_server::http::HttpState {
+            tables,
+            ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            metrics: None,
+            token: None,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server =
+            tokio::spawn(
+                async move { axum::serve(listener, memwal_server::http::router(state)).await },
+            );
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        c.read_to_string(&mut reply).await.unwrap();
+        server.abort();
+        reply
+    };
+    let reply = readyz().await;
+    assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
+    assert!(reply.contains(&shard_of_1), "{reply}");
+
+    // The store heals: the reopener brings the shard back (after its
+    // backoff), the rows acknowledged before are still there, and puts are
+    // served again.
+    faults.clear_hook();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while host.reopen_down_shards().await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            host.down_shards()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(host.down_shards().is_empty());
+    assert!(readyz().await.starts_with("HTTP/1.1 200"));
+    host.write(&rows(&[1, 4]), false).await.unwrap();
+    host.close().await.unwrap();
+    let all = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    all.close().await.unwrap();
+    let compactor =
+        memwal_compactor::Compactor::new(loc.clone(), memwal_compactor::CompactorConfig::default());
+    for r in compactor.run_once().await.unwrap() {
+        r.unwrap();
+    }
+    let path = dir.path().join("t");
+    let ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
+    assert_eq!(ds.count_rows(None).await.unwrap(), 4);
+}
+
+// Breaks if opening one shard (a claim and a replay, here held forever by
+// a hung store) holds a table-wide lock: puts to the table's open shards,
+// and /status, must go on while it hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_shard_open_holds_up_only_that_shard() {
+    use memwal_testkit::{Action, FaultStore, Gate, OpKind};
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let faults = FaultStore::new(loc.store.clone());
+    let faulty = memwal_store::StoreLocation {
+        store: faults.clone(),
+        ..loc.clone()
+    };
+    let host = Arc::new(
+        TableHost::open("t", faulty, ShardWriterConfig::default())
+            .await
+            .unwrap(),
+    );
+    let bucket = |id: &i64| memwal_sharding::bucket_of(memwal_sharding::hash_i64(*id), 4);
+    let ids: Vec<i64> = (0..40).collect();
+    let zero: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) == 0).collect();
+    let three: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) == 3).collect();
+    host.write(&rows(&zero), false).await.unwrap();
+    let open_shard = host.status().await[0].shard.clone();
+
+    // Every request of another shard's manifest (its creation and claim)
+    // hangs at the gate.
+    let gate = Gate::new();
+    let held = gate.clone();
+    faults.set_hook(move |op| {
+        if op.kind != OpKind::List
+            && op.path.contains("/manifest/")
+            && !op.path.contains(&open_shard)
+        {
+            Action::Hold(held.clone(), Box::new(Action::Pass))
+        } else {
+            Action::Pass
+        }
+    });
+    let opening = {
+        let host = host.clone();
+        tokio::spawn(async move { host.write(&rows(&three), false).await })
+    };
+    gate.wait_arrived(1).await;
+    let served = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        host.write(&rows(&zero), false).await.unwrap();
+        host.status().await
+    })
+    .await
+    .expect("the open shard and /status are served while another shard opens");
+    assert_eq!(served.len(), 1, "{served:?}");
+    gate.open();
+    opening.await.unwrap().unwrap();
+    assert_eq!(host.status().await.len(), 2);
+    host.close().await.unwrap();
+}
+
+// Breaks if a table takes rows after `close` began: a put for a shard not
+// yet open would claim it after the close listed its shards, and nothing
+// would ever close it (its rows only in the WAL, the claim fencing the
+// next daemon's writer for nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_table_takes_no_rows_and_opens_no_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let bucket = |id: &i64| memwal_sharding::bucket_of(memwal_sharding::hash_i64(*id), 4);
+    let ids: Vec<i64> = (0..40).collect();
+    let zero: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) == 0).collect();
+    let three: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) == 3).collect();
+    host.write(&rows(&zero), false).await.unwrap();
+    host.close().await.unwrap();
+    let e = host.write(&rows(&three), false).await.unwrap_err();
+    assert!(matches!(e, ServerError::Stopping { .. }), "{e}");
+    assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+    let shards = memwal_compactor::list_shards(&loc).await.unwrap();
+    assert_eq!(
+        shards.len(),
+        1,
+        "a shard was claimed after close: {shards:?}"
+    );
+}
+
+// Breaks if `flush` actions can be triggered back to back (a client could
+// keep the flusher and the store busy): one at a time, at most one per
+// MIN_FLUSH_INTERVAL, refused with RESOURCE_EXHAUSTED otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flush_actions_are_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = TableHost::open("t", loc, ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let turn = host.begin_flush().unwrap();
+    let e = host.begin_flush().map(|_| ()).unwrap_err();
+    assert_eq!(
+        tonic::Status::from(e).code(),
+        tonic::Code::ResourceExhausted
+    );
+    drop(turn);
+    assert!(
+        host.begin_flush().is_err(),
+        "a second flush within the interval"
+    );
+    host.close().await.unwrap();
 }

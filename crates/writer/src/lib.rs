@@ -51,4 +51,4 @@ pub use memwal_store::{RetryPolicy, StoreLocation};
 pub use open::TableLocation;
 pub use put::PutHandle;
 pub use stats::WriterStats;
-pub use writer::ShardWriter;
+pub use writer::{PreparedPut, ShardWriter};

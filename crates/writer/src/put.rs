@@ -98,6 +98,20 @@ pub(crate) fn validate_delete(inner: &Inner, keys: &RecordBatch) -> Result<Recor
     Ok(storage)
 }
 
+/// The payload bytes of a storage batch, refused when one put cannot hold
+/// them.
+pub(crate) fn check_size(inner: &Inner, storage: &RecordBatch) -> Result<usize> {
+    let bytes = batch_payload_bytes(storage);
+    if bytes > inner.config.memtable_max_bytes {
+        return Err(Error::invalid(format!(
+            "a put holds {bytes} bytes of rows, more than the per-put maximum \
+             memtable_max_bytes = {} (one generation must fit within it): split the batch",
+            inner.config.memtable_max_bytes
+        )));
+    }
+    Ok(bytes)
+}
+
 fn check_shard(inner: &Inner, storage: &RecordBatch) -> Result<()> {
     if let Some((router, expected)) = &inner.router {
         router
@@ -113,14 +127,7 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
     let span = tracing::debug_span!("append", rows = storage.num_rows());
     async {
         let started = Instant::now();
-        let bytes = batch_payload_bytes(&storage);
-        if bytes > inner.config.memtable_max_bytes {
-            return Err(Error::invalid(format!(
-                "a put holds {bytes} bytes of rows, more than the per-put maximum \
-                 memtable_max_bytes = {} (one generation must fit within it): split the batch",
-                inner.config.memtable_max_bytes
-            )));
-        }
+        let bytes = check_size(inner, &storage)?;
         let deadline = tokio::time::Instant::now() + inner.config.backpressure_timeout;
         let mut progress = inner.progress.subscribe();
         let mut waited = false;

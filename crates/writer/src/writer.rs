@@ -148,6 +148,21 @@ impl Inner {
     }
 }
 
+/// A batch checked against one shard and in its storage form
+/// ([`ShardWriter::prepare_put`]); nothing of it is written yet.
+#[derive(Debug, Clone)]
+pub struct PreparedPut {
+    shard: ShardId,
+    storage: RecordBatch,
+}
+
+impl PreparedPut {
+    /// Rows it holds.
+    pub fn num_rows(&self) -> usize {
+        self.storage.num_rows()
+    }
+}
+
 /// The single writer of one shard of a MemWAL table.
 ///
 /// Created by [`ShardWriter::open`] (claim -> fence sentinel -> replay ->
@@ -254,6 +269,45 @@ impl ShardWriter {
         crate::put::submit(&self.inner, storage).await
     }
 
+    /// Checks `batch` as [`ShardWriter::put`] would (schema, keys, nulls,
+    /// the shard's routing, the per-put size) without writing anything:
+    /// once every part of a larger write is prepared, none of them can be
+    /// refused for what it holds. Only the writer's own state (fenced,
+    /// closed, backpressure, storage) can still fail [`Self::put_prepared`].
+    pub fn prepare_put(&self, batch: &RecordBatch) -> Result<PreparedPut> {
+        let storage = crate::put::validate_put(&self.inner, batch)?;
+        crate::put::check_size(&self.inner, &storage)?;
+        Ok(PreparedPut {
+            shard: self.inner.shard,
+            storage,
+        })
+    }
+
+    /// [`Self::prepare_put`] for the deletes of `keys`.
+    pub fn prepare_delete(&self, keys: &RecordBatch) -> Result<PreparedPut> {
+        let storage = crate::put::validate_delete(&self.inner, keys)?;
+        crate::put::check_size(&self.inner, &storage)?;
+        Ok(PreparedPut {
+            shard: self.inner.shard,
+            storage,
+        })
+    }
+
+    /// Writes a batch [`Self::prepare_put`] (or `prepare_delete`) checked
+    /// and waits until it is durable, as [`Self::put`]. A batch prepared
+    /// by another shard's writer is refused ([`Error::InvalidInput`]).
+    pub async fn put_prepared(&self, prepared: PreparedPut) -> Result<u64> {
+        if prepared.shard != self.inner.shard {
+            return Err(Error::invalid(format!(
+                "a batch prepared for shard {} handed to shard {}",
+                prepared.shard, self.inner.shard
+            )));
+        }
+        crate::put::submit(&self.inner, prepared.storage)
+            .await?
+            .await
+    }
+
     /// Every physical row not yet published (frozen generations oldest
     /// first, then the active memtable), in WAL order, storage schema
     /// (tombstones and overwritten rows included): applying them in order
@@ -314,22 +368,42 @@ impl ShardWriter {
                 ))
             }
         };
+        let timed_out = |what: &str| {
+            Error::storage(
+                "closing the writer",
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "{what} did not stop within close_timeout {limit:?} and was abandoned; \
+                         unpublished rows stay in the WAL"
+                    ),
+                ),
+            )
+        };
         let appender = inner.state.lock().appender.take();
         let appender_closed = match appender {
             Some(a) => match tokio::time::timeout_at(deadline, a.close()).await {
                 Ok(r) => r.map_err(|e| Error::from_wal(e, "closing the WAL appender")),
                 // Dropping it stops the appender; a pending put reports an
                 // unknown outcome.
-                Err(_) => Ok(()),
+                Err(_) => Err(timed_out("the WAL appender")),
             },
             None => Ok(()),
         };
         inner.fail(Error::closed("the writer was closed"));
+        // The failure stops every background task at its next step; one
+        // stuck in a store call (a blackholed endpoint keeps retrying for
+        // minutes) is aborted once the deadline (and a short grace) passed.
         let tasks: Vec<_> = std::mem::take(&mut *inner.tasks.lock());
-        for t in tasks {
-            let _ = t.await;
+        let until = deadline.max(tokio::time::Instant::now()) + TASK_STOP_GRACE;
+        let mut stuck = Ok(());
+        for mut t in tasks {
+            if tokio::time::timeout_at(until, &mut t).await.is_err() {
+                t.abort();
+                stuck = Err(timed_out("a background task (flush or publish)"));
+            }
         }
-        let result = flushed.and(appender_closed);
+        let result = flushed.and(appender_closed).and(stuck);
         *outcome = Some(result.clone());
         result
     }
@@ -372,6 +446,20 @@ impl ShardWriter {
             last_flush_error: st.last_flush_error.clone(),
             terminal: st.terminal.as_ref().map(|e| e.to_string()),
         }
+    }
+}
+
+/// How long past `close_timeout` a closing writer waits for a background
+/// task to stop by itself before aborting it.
+const TASK_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl ShardWriter {
+    /// The error that stopped this writer for good, if one did: fenced or
+    /// sealed (another writer owns the shard), closed (closed or aborted),
+    /// or the failure that made it terminal (a storage error past its
+    /// retries, a failed fsync, corrupt state). Every later call returns it.
+    pub fn terminal_error(&self) -> Option<Error> {
+        self.inner.state.lock().terminal.clone()
     }
 }
 

@@ -1,0 +1,161 @@
+//! The shards of one served table: one slot per shard key, each opened on
+//! its own (a slow or hung open, a claim plus a replay, holds up only that
+//! shard's rows, never the table's other shards or `/status`), and each
+//! reopened with backoff after its writer stopped on a failure that was
+//! not a takeover.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use memwal::{ShardId, ShardWriter};
+
+use crate::table::ShardKey;
+
+/// What one shard key's slot holds.
+#[derive(Clone)]
+pub(crate) enum Slot {
+    /// Served by this writer.
+    Live(Arc<ShardWriter>),
+    /// Another writer took the shard over: its rows are refused
+    /// (`FAILED_PRECONDITION`) until the daemon restarts.
+    Lost { shard: ShardId, reason: String },
+    /// Its stored state is corrupt: its rows are refused (`DATA_LOSS`)
+    /// until the daemon restarts; retrying cannot heal it.
+    Failed {
+        shard: ShardId,
+        error: memwal::Error,
+    },
+    /// Its writer stopped on a storage failure (or it failed to open):
+    /// refused (`UNAVAILABLE`) until a reopen (a new claim and a replay)
+    /// succeeds; reopening is tried at `retry_at`, then with doubling
+    /// backoff.
+    Down {
+        shard: ShardId,
+        cause: memwal::Error,
+        since: Instant,
+        attempts: u32,
+        retry_at: Instant,
+    },
+}
+
+impl Slot {
+    pub(crate) fn shard(&self) -> ShardId {
+        match self {
+            Slot::Live(w) => w.shard(),
+            Slot::Lost { shard, .. } | Slot::Failed { shard, .. } | Slot::Down { shard, .. } => {
+                *shard
+            }
+        }
+    }
+
+    /// The slot a live writer's state calls for: itself while usable;
+    /// lost, failed or down once it stopped (a writer closed by the
+    /// daemon stays as it is: the daemon is stopping).
+    pub(crate) fn checked(self) -> Slot {
+        let Slot::Live(w) = &self else {
+            return self;
+        };
+        let Some(error) = w.terminal_error() else {
+            return self;
+        };
+        let shard = w.shard();
+        match error {
+            e if e.is_fenced() => Slot::Lost {
+                shard,
+                reason: e.to_string(),
+            },
+            memwal::Error::Closed { .. } => self,
+            e @ memwal::Error::Corrupt { .. } => Slot::Failed { shard, error: e },
+            cause => down(shard, cause, 0),
+        }
+    }
+}
+
+/// First reopen delay after a shard went down, doubled per failed attempt.
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+/// ... up to this.
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+/// A down slot after `attempts` failed reopens.
+pub(crate) fn down(shard: ShardId, cause: memwal::Error, attempts: u32) -> Slot {
+    let backoff = FIRST_RETRY
+        .saturating_mul(1u32 << attempts.min(16))
+        .min(MAX_RETRY);
+    Slot::Down {
+        shard,
+        cause,
+        since: Instant::now(),
+        attempts,
+        retry_at: Instant::now() + backoff,
+    }
+}
+
+/// One shard key's slot: empty until first opened.
+#[derive(Default)]
+pub(crate) struct Cell {
+    /// Held while this shard opens or reopens (one at a time).
+    pub opening: tokio::sync::Mutex<()>,
+    slot: parking_lot::Mutex<Option<Slot>>,
+}
+
+impl Cell {
+    /// The slot, with a live writer's state folded in (see
+    /// [`Slot::checked`]); `None` before the shard was first opened.
+    pub(crate) fn current(&self) -> Option<Slot> {
+        let mut slot = self.slot.lock();
+        let checked = slot.take()?.checked();
+        *slot = Some(checked.clone());
+        Some(checked)
+    }
+
+    pub(crate) fn set(&self, slot: Slot) {
+        *self.slot.lock() = Some(slot);
+    }
+
+    /// Replaces a live writer of `shard` (only that one) with `slot`.
+    pub(crate) fn replace_live(&self, shard: ShardId, slot: Slot) {
+        let mut current = self.slot.lock();
+        if matches!(&*current, Some(Slot::Live(w)) if w.shard() == shard) {
+            *current = Some(slot);
+        }
+    }
+}
+
+/// Every slot of a table, by shard key.
+#[derive(Default)]
+pub(crate) struct Slots {
+    map: parking_lot::Mutex<HashMap<ShardKey, Arc<Cell>>>,
+}
+
+impl Slots {
+    /// The cell of `key`, created empty on first use.
+    pub(crate) fn cell(&self, key: &ShardKey) -> Arc<Cell> {
+        self.map.lock().entry(key.clone()).or_default().clone()
+    }
+
+    /// Every opened slot, by key.
+    pub(crate) fn snapshot(&self) -> Vec<(ShardKey, Slot)> {
+        let cells: Vec<(ShardKey, Arc<Cell>)> = self
+            .map
+            .lock()
+            .iter()
+            .map(|(k, c)| (k.clone(), c.clone()))
+            .collect();
+        cells
+            .into_iter()
+            .filter_map(|(k, c)| c.current().map(|s| (k, s)))
+            .collect()
+    }
+
+    /// The live writers.
+    pub(crate) fn live(&self) -> Vec<Arc<ShardWriter>> {
+        self.snapshot()
+            .into_iter()
+            .filter_map(|(_, s)| match s {
+                Slot::Live(w) => Some(w),
+                _ => None,
+            })
+            .collect()
+    }
+}
