@@ -15,6 +15,9 @@
 //! index_catchup = true           # bring the base indexes up to compacted rows
 //! index_catchup_secs = 0         #   at most this often (0: every cycle)
 //! drain_secs = 10                # after SIGTERM, in-flight calls get this long
+//! max_streams = 256              # ingest calls open at once (RESOURCE_EXHAUSTED past it)
+//! max_decoded_mib_in_flight = 1024  # decoded message bytes held at once, MiB
+//! first_message_secs = 30        # a new ingest call must send its first message by then
 //! token = "…"                    # require `authorization: Bearer …`
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -28,6 +31,7 @@
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
+//! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
@@ -68,6 +72,12 @@ pub struct ServeConfig {
     pub index_catchup_secs: u64,
     /// Seconds in-flight Flight calls may run on after SIGTERM.
     pub drain_secs: u64,
+    /// Ingest calls open at once.
+    pub max_streams: usize,
+    /// Decoded message bytes all calls hold at once, in MiB.
+    pub max_decoded_mib_in_flight: usize,
+    /// Seconds a new ingest call may take to send its first message.
+    pub first_message_secs: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
     /// A file holding the bearer token (its first line): keeps it out of
@@ -94,6 +104,9 @@ impl Default for ServeConfig {
             index_catchup: true,
             index_catchup_secs: 0,
             drain_secs: 10,
+            max_streams: 256,
+            max_decoded_mib_in_flight: 1024,
+            first_message_secs: 30,
             token: None,
             token_file: None,
             tls_cert: None,
@@ -149,6 +162,18 @@ pub struct ServeArgs {
     /// and every shard closes [default: 10].
     #[arg(long)]
     pub drain_secs: Option<u64>,
+    /// Ingest calls open at once; more are refused with RESOURCE_EXHAUSTED
+    /// [default: 256].
+    #[arg(long)]
+    pub max_streams: Option<usize>,
+    /// Decoded message bytes all ingest calls may hold at once, in MiB
+    /// (a message past it is refused with RESOURCE_EXHAUSTED) [default: 1024].
+    #[arg(long)]
+    pub max_decoded_mib_in_flight: Option<usize>,
+    /// Seconds a new ingest call may take to send its first message
+    /// [default: 30].
+    #[arg(long)]
+    pub first_message_secs: Option<u64>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
     /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
@@ -225,6 +250,15 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.drain_secs {
         put("drain_secs", s.into());
     }
+    if let Some(n) = args.max_streams {
+        put("max_streams", n.into());
+    }
+    if let Some(n) = args.max_decoded_mib_in_flight {
+        put("max_decoded_mib_in_flight", n.into());
+    }
+    if let Some(s) = args.first_message_secs {
+        put("first_message_secs", s.into());
+    }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
@@ -264,6 +298,9 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "index_catchup",
             "index_catchup_secs",
             "drain_secs",
+            "max_streams",
+            "max_decoded_mib_in_flight",
+            "first_message_secs",
             "token",
             "token_file",
             "tls_cert",
@@ -291,6 +328,18 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
     }
     if config.token.as_deref() == Some("") {
         return Err("token: empty (unset it to serve without one)".into());
+    }
+    for (key, zero) in [
+        ("max_streams", config.max_streams == 0),
+        (
+            "max_decoded_mib_in_flight",
+            config.max_decoded_mib_in_flight == 0,
+        ),
+        ("first_message_secs", config.first_message_secs == 0),
+    ] {
+        if zero {
+            return Err(format!("{key} must be at least 1"));
+        }
     }
     if config.tls_cert.is_some() != config.tls_key.is_some() {
         return Err("TLS needs both tls_cert and tls_key (or neither)".into());

@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the ingestion daemon: Arrow Flight on --listen, HTTP on --http.
-    Serve(config::ServeArgs),
+    Serve(Box<config::ServeArgs>),
     /// Send synthetic rows to a running daemon and report rows/s and ack
     /// latencies.
     Load(load::LoadArgs),
@@ -238,7 +238,7 @@ async fn run(cli: Cli) -> Result<String, String> {
         Command::Inspect { uri, shard, json } => {
             return inspect::inspect(&uri, shard.as_deref(), json).await
         }
-        Command::Serve(args) => return serve::serve(args).await,
+        Command::Serve(args) => return serve::serve(*args).await,
         Command::Load(args) => return load::load(args).await,
         Command::Gc {
             uri,

@@ -161,7 +161,15 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
 
     // Turns true when the drain expires: open ingest streams are cut.
     let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
-    let service = IngestService::new(hosts.clone(), args.token.clone()).with_cut(cut_rx);
+    let limits = memwal_server::IngestLimits {
+        max_streams: args.max_streams,
+        max_decoded_bytes_in_flight: args.max_decoded_mib_in_flight.saturating_mul(1 << 20),
+        first_message_timeout: Duration::from_secs(args.first_message_secs),
+        ..Default::default()
+    };
+    let service = IngestService::new(hosts.clone(), args.token.clone())
+        .with_cut(cut_rx)
+        .with_limits(limits);
     let incoming = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("binding {}: {e}", args.listen))?;
@@ -241,7 +249,11 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
 fn flight_server(
     args: &crate::config::ServeConfig,
 ) -> Result<(tonic::transport::Server, &'static str), String> {
-    let server = tonic::transport::Server::builder();
+    // hyper's own default of 200 streams per connection, which tonic
+    // overrides with "no limit" unless told; memwal's global limit on
+    // ingest calls is `max_streams`.
+    let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(args.max_streams.min(u32::MAX as usize) as u32));
     let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
         return Ok((server, "grpc"));
     };

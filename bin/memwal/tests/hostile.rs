@@ -470,3 +470,83 @@ async fn an_ingest_failing_after_durable_batches_reports_a_partial_outcome() {
     assert!(e.metadata().get("memwal-durable-rows").is_none(), "{e:?}");
     d.stop_ok();
 }
+
+// Breaks if the daemon holds more than its configured limits for clients:
+// ingest calls past --max-streams, a message that does not fit in
+// --max-decoded-mib-in-flight, or a call that never sends its first
+// message (held past --first-message-secs) must be refused with their
+// codes while the daemon keeps serving. Before these limits a client could
+// open any number of streams, each holding up to 256 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_its_limits_the_daemon_refuses_and_keeps_serving() {
+    let (_dir, t) = table();
+    let d = Daemon::start(
+        &t,
+        &[
+            "--max-streams",
+            "1",
+            "--max-decoded-mib-in-flight",
+            "1",
+            "--first-message-secs",
+            "1",
+        ],
+    );
+    let mut c = client(&d.flight, None).await;
+    // One stream open (a put acknowledged, the stream kept open).
+    let (tx, rx) = futures::channel::mpsc::unbounded::<RecordBatch>();
+    tx.unbounded_send(rows(&[1], "open")).unwrap();
+    let stream = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(descriptor(Path::Put)))
+        .build(futures::StreamExt::map(rx, Ok));
+    let mut held = c.do_put(stream).await.unwrap();
+    assert!(held.try_next().await.unwrap().is_some());
+    let mut c2 = client(&d.flight, None).await;
+    let e = send(
+        &mut c2,
+        Path::Put,
+        encode(Path::Put, rows(&[2], "x"), None).await,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("max_streams"), "{e}");
+    drop(tx);
+    while held.try_next().await.ok().flatten().is_some() {}
+
+    // A message of more than 1 MiB decoded does not fit.
+    let big: Vec<i64> = (0..2).collect();
+    let wide = {
+        use arrow_array::{ArrayRef, Int64Array, StringArray};
+        let v = "x".repeat(700_000);
+        RecordBatch::try_new(
+            rows(&big, "w").schema(),
+            vec![
+                std::sync::Arc::new(Int64Array::from(big.clone())) as ArrayRef,
+                std::sync::Arc::new(StringArray::from(vec![v.clone(), v])),
+            ],
+        )
+        .unwrap()
+    };
+    let e = send(&mut c2, Path::Put, encode(Path::Put, wide, None).await)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e}");
+    assert!(e.message().contains("max_decoded_bytes_in_flight"), "{e}");
+
+    // A call that sends nothing is ended.
+    let (_silent_tx, silent) = futures::channel::mpsc::unbounded::<Result<FlightData, _>>();
+    let e = tokio::time::timeout(std::time::Duration::from_secs(30), c2.do_put(silent))
+        .await
+        .expect("a silent call is ended")
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(status(e).code(), Code::DeadlineExceeded);
+
+    let ok = encode(Path::Put, rows(&[3], "ok"), None).await;
+    assert_eq!(
+        send(&mut c2, Path::Put, ok).await.unwrap(),
+        1,
+        "still serving"
+    );
+    d.stop_ok();
+}

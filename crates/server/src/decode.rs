@@ -14,6 +14,7 @@
 //! written.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
@@ -24,22 +25,89 @@ use bytes::Bytes;
 use futures::{FutureExt, Stream, StreamExt};
 use tonic::Status;
 
-/// Bounds on what one client message may make the daemon decode.
+/// Bounds on what clients may make the daemon hold. Past any of them a
+/// call is refused (`RESOURCE_EXHAUSTED`, or `DEADLINE_EXCEEDED` for a
+/// silent stream) and nothing of it is written; the daemon keeps serving.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IngestLimits {
     /// Largest decoded size one message may declare: the sum of its
     /// buffers, after decompression for a compressed body. Larger messages
-    /// are refused with `RESOURCE_EXHAUSTED` before anything is allocated.
+    /// are refused before anything is allocated. Default 256 MiB (the
+    /// largest message the daemon accepts: an uncompressed message that
+    /// tonic accepts always fits).
     pub max_decoded_message_bytes: usize,
+    /// Decoded bytes all streams together may hold at once: a message is
+    /// counted from its check until its batch's write returned (including
+    /// a wait under backpressure). A message that does not fit now is
+    /// refused. Default 1 GiB.
+    pub max_decoded_bytes_in_flight: usize,
+    /// Ingest calls (DoPut, Flight SQL ingest) open at once. Default 256.
+    pub max_streams: usize,
+    /// How long a new ingest call may take to send its first message.
+    /// Default 30 s.
+    pub first_message_timeout: std::time::Duration,
 }
 
 impl Default for IngestLimits {
-    /// 256 MiB, the daemon's largest accepted message: an uncompressed
-    /// message that tonic accepts always fits.
     fn default() -> Self {
         Self {
             max_decoded_message_bytes: 256 << 20,
+            max_decoded_bytes_in_flight: 1 << 30,
+            max_streams: 256,
+            first_message_timeout: std::time::Duration::from_secs(30),
         }
+    }
+}
+
+/// The daemon-wide counters [`IngestLimits`] bounds.
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
+    pub limits: IngestLimits,
+    pub streams: Arc<tokio::sync::Semaphore>,
+    pub bytes: Arc<tokio::sync::Semaphore>,
+}
+
+impl Budget {
+    pub(crate) fn new(limits: IngestLimits) -> Self {
+        let cap = tokio::sync::Semaphore::MAX_PERMITS;
+        Self {
+            limits,
+            streams: Arc::new(tokio::sync::Semaphore::new(limits.max_streams.min(cap))),
+            bytes: Arc::new(tokio::sync::Semaphore::new(
+                limits.max_decoded_bytes_in_flight.min(cap),
+            )),
+        }
+    }
+
+    /// A place for one more ingest call, or `RESOURCE_EXHAUSTED`.
+    pub(crate) fn admit_stream(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Status> {
+        self.streams.clone().try_acquire_owned().map_err(|_| {
+            metrics::counter!("memwal_server_refused_total", "limit" => "max_streams").increment(1);
+            Status::resource_exhausted(format!(
+                "{} ingest calls are open, the most this daemon takes (max_streams); retry later",
+                self.limits.max_streams
+            ))
+        })
+    }
+
+    /// Room for `bytes` more decoded bytes, or `RESOURCE_EXHAUSTED`.
+    fn admit_bytes(
+        &self,
+        bytes: usize,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, Status> {
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let n = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.bytes.clone().try_acquire_many_owned(n).map(Some).map_err(|_| {
+            metrics::counter!("memwal_server_refused_total", "limit" => "max_decoded_bytes_in_flight")
+                .increment(1);
+            Status::resource_exhausted(format!(
+                "a message of {bytes} decoded bytes does not fit in what the daemon holds at once \
+                 (max_decoded_bytes_in_flight = {}); retry later or send smaller batches",
+                self.limits.max_decoded_bytes_in_flight
+            ))
+        })
     }
 }
 
@@ -160,13 +228,21 @@ pub(crate) fn check_message(data: &FlightData, limits: &IngestLimits) -> Result<
 pub(crate) struct Put {
     pub batch: RecordBatch,
     pub app_metadata: Bytes,
+    /// Its share of `max_decoded_bytes_in_flight`, released when the put
+    /// is dropped (after its write returned).
+    pub _budget: Vec<tokio::sync::OwnedSemaphorePermit>,
 }
+
+type Pending = Arc<parking_lot::Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>>;
 
 /// The record batches of one DoPut stream, each message checked before it
 /// is decoded.
 pub(crate) struct IngestInput {
     table: String,
     decoder: FlightDataDecoder,
+    /// Budget permits of the messages the decoder has taken since the last
+    /// batch was returned.
+    pending: Pending,
     /// Turns true when the daemon cuts open streams (its drain expired).
     cut: tokio::sync::watch::Receiver<bool>,
 }
@@ -177,21 +253,27 @@ impl IngestInput {
     pub(crate) fn new<S>(
         table: &str,
         messages: S,
-        limits: IngestLimits,
+        budget: Budget,
         cut: tokio::sync::watch::Receiver<bool>,
     ) -> Self
     where
         S: Stream<Item = Result<FlightData, Status>> + Send + 'static,
     {
+        let pending = Pending::default();
+        let held = pending.clone();
         let checked = messages.map(move |m| {
             let m = m?;
-            check_message(&m, &limits)?;
+            let bytes = check_message(&m, &budget.limits)?;
+            if let Some(permit) = budget.admit_bytes(bytes)? {
+                held.lock().push(permit);
+            }
             Ok(m)
         });
         let checked = checked.map(|r: Result<FlightData, Status>| r.map_err(FlightError::from));
         Self {
             table: table.to_string(),
             decoder: FlightDataDecoder::new(checked),
+            pending,
             cut,
         }
     }
@@ -251,6 +333,7 @@ impl IngestInput {
                 return Some(Ok(Put {
                     batch,
                     app_metadata,
+                    _budget: std::mem::take(&mut *self.pending.lock()),
                 }));
             }
         }

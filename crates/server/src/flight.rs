@@ -22,7 +22,7 @@ use serde_json::json;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::decode::{panic_message, IngestInput, IngestLimits};
+use crate::decode::{panic_message, Budget, IngestInput, IngestLimits};
 use crate::{sql, ServerError, TableHost};
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -32,7 +32,7 @@ type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 pub struct IngestService {
     tables: Arc<HashMap<String, Arc<TableHost>>>,
     token: Option<Arc<str>>,
-    limits: IngestLimits,
+    budget: Budget,
     cut: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -43,7 +43,7 @@ impl IngestService {
         Self {
             tables,
             token: token.map(Into::into),
-            limits: IngestLimits::default(),
+            budget: Budget::new(IngestLimits::default()),
             cut: tokio::sync::watch::channel(false).1,
         }
     }
@@ -58,7 +58,7 @@ impl IngestService {
     /// Bounds on what one client message may make the daemon decode
     /// (default: [`IngestLimits::default`]).
     pub fn with_limits(mut self, limits: IngestLimits) -> Self {
-        self.limits = limits;
+        self.budget = Budget::new(limits);
         self
     }
 
@@ -207,10 +207,17 @@ impl FlightService for IngestService {
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
         self.authorize(&request)?;
+        // Held until the ingest task ends.
+        let stream = self.budget.admit_stream()?;
         let mut input = request.into_inner();
-        let first = input
-            .message()
-            .await?
+        let wait = self.budget.limits.first_message_timeout;
+        let first = tokio::time::timeout(wait, input.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded(format!(
+                    "no first message within {wait:?} (first_message_timeout)"
+                ))
+            })??
             .ok_or_else(|| Status::invalid_argument("empty DoPut stream"))?;
         let descriptor = first
             .flight_descriptor
@@ -231,13 +238,28 @@ impl FlightService for IngestService {
             };
             sql::ingest_target(&cmd)?;
             let table = self.table(&cmd.table)?;
-            let input = IngestInput::new(table.name(), messages, self.limits, self.cut.clone());
+            let input = IngestInput::new(
+                table.name(),
+                messages,
+                self.budget.clone(),
+                self.cut.clone(),
+            );
             (table.clone(), sql::ingest(table, input, tx).boxed())
         } else {
             let (table, delete) = self.target(&descriptor)?;
-            let input = IngestInput::new(table.name(), messages, self.limits, self.cut.clone());
+            let input = IngestInput::new(
+                table.name(),
+                messages,
+                self.budget.clone(),
+                self.cut.clone(),
+            );
             (table.clone(), ingest(table, delete, input, tx).boxed())
         };
+        let task = async move {
+            task.await;
+            drop(stream);
+        }
+        .boxed();
         Ok(Response::new(spawn_monitored(table.name(), task, rx)))
     }
 
