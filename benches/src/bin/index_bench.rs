@@ -436,7 +436,7 @@ async fn run_one(a: &Args, dim: i32, v: Variant, rep: usize, f: &mut Figures) {
 
     // 2. One generation, flushed explicitly.
     let shard = Uuid::new_v4();
-    let w = open(v, &dir, shard, usize::MAX / 4).await;
+    let w = open(v, &dir, shard, a.gen_rows * 4).await;
     let first = 2_000_000_000i64;
     let cpu0 = cpu_seconds();
     let t = Instant::now();

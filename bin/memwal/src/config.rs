@@ -18,6 +18,7 @@
 //! max_streams = 256              # ingest calls open at once (RESOURCE_EXHAUSTED past it)
 //! max_decoded_mib_in_flight = 1024  # decoded message bytes held at once, MiB
 //! first_message_secs = 30        # a new ingest call must send its first message by then
+//! min_flush_interval_ms = 1000   # `flush` actions start at most this often per table
 //! token = "…"                    # require `authorization: Bearer …`
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -32,7 +33,7 @@
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
-//! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
+//! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
 
 use std::collections::BTreeMap;
@@ -78,6 +79,10 @@ pub struct ServeConfig {
     pub max_decoded_mib_in_flight: usize,
     /// Seconds a new ingest call may take to send its first message.
     pub first_message_secs: u64,
+    /// `flush` actions start at most once per this many milliseconds per
+    /// table (0: one at a time, no spacing); more are refused with
+    /// RESOURCE_EXHAUSTED.
+    pub min_flush_interval_ms: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
     /// A file holding the bearer token (its first line): keeps it out of
@@ -107,6 +112,7 @@ impl Default for ServeConfig {
             max_streams: 256,
             max_decoded_mib_in_flight: 1024,
             first_message_secs: 30,
+            min_flush_interval_ms: 1000,
             token: None,
             token_file: None,
             tls_cert: None,
@@ -174,6 +180,10 @@ pub struct ServeArgs {
     /// [default: 30].
     #[arg(long)]
     pub first_message_secs: Option<u64>,
+    /// `flush` actions start at most once per this many milliseconds per
+    /// table (0: one at a time) [default: 1000].
+    #[arg(long)]
+    pub min_flush_interval_ms: Option<u64>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
     /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
@@ -259,6 +269,9 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.first_message_secs {
         put("first_message_secs", s.into());
     }
+    if let Some(s) = args.min_flush_interval_ms {
+        put("min_flush_interval_ms", s.into());
+    }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
@@ -301,6 +314,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "max_streams",
             "max_decoded_mib_in_flight",
             "first_message_secs",
+            "min_flush_interval_ms",
             "token",
             "token_file",
             "tls_cert",

@@ -121,6 +121,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             TableHost::open_buckets(name, loc, ShardWriterConfig::default(), buckets.as_deref())
                 .await
                 .map_err(|e| e.to_string())?;
+        host.set_min_flush_interval(Duration::from_millis(args.min_flush_interval_ms));
         hosts.insert(name.clone(), Arc::new(host));
     }
     let hosts = Arc::new(hosts);

@@ -546,10 +546,15 @@ impl Script {
         }
     }
 
-    /// A daemon with `FAILPOINTS` set to `points` (empty: none).
+    /// A daemon with `FAILPOINTS` set to `points` (empty: none); the
+    /// scripts flush back to back, so flush actions are not spaced out.
     fn daemon(&self, points: &str) -> Daemon {
-        Daemon::try_launch(&self.table, &["--no-compactor"], &[("FAILPOINTS", points)])
-            .expect("daemon ended before serving")
+        Daemon::try_launch(
+            &self.table,
+            &["--no-compactor", "--min-flush-interval-ms", "0"],
+            &[("FAILPOINTS", points)],
+        )
+        .expect("daemon ended before serving")
     }
 
     /// Puts `key = value` through `d` (writer `writer`) and records the outcome;

@@ -122,6 +122,8 @@ pub struct TableHost {
     slots: Slots,
     /// When the last `flush` action started, and whether one runs.
     flushes: parking_lot::Mutex<(Option<std::time::Instant>, bool)>,
+    /// `flush` actions start at most once per this long.
+    flush_interval: parking_lot::Mutex<std::time::Duration>,
     /// Set when [`Self::close`] starts: no shard opens and no row is taken
     /// after it.
     closing: std::sync::atomic::AtomicBool,
@@ -129,7 +131,8 @@ pub struct TableHost {
     compactor: std::sync::OnceLock<memwal_compactor::Compactor>,
 }
 
-/// `flush` actions start at most this often per table.
+/// `flush` actions start at most this often per table, by default
+/// ([`TableHost::set_min_flush_interval`]).
 pub const MIN_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A `flush` action's turn ([`TableHost::begin_flush`]).
@@ -297,6 +300,7 @@ impl TableHost {
             compactor: std::sync::OnceLock::new(),
             closing: Default::default(),
             flushes: Default::default(),
+            flush_interval: parking_lot::Mutex::new(MIN_FLUSH_INTERVAL),
         };
         host.open_existing().await?;
         Ok(host)
@@ -791,16 +795,34 @@ impl TableHost {
             .replace_live(shard, Slot::Lost { shard, reason });
     }
 
+    /// Sets how often `flush` actions may start (default
+    /// [`MIN_FLUSH_INTERVAL`]; zero: only one at a time).
+    pub fn set_min_flush_interval(&self, interval: std::time::Duration) {
+        *self.flush_interval.lock() = interval;
+    }
+
     /// Admits one `flush` action: refused (`RESOURCE_EXHAUSTED`) while
-    /// another runs or within [`MIN_FLUSH_INTERVAL`] of the last one's
-    /// start. The turn ends when the returned guard drops.
+    /// another runs or within the minimum interval
+    /// ([`Self::set_min_flush_interval`]) of the last one's start. The turn
+    /// ends when the returned guard drops.
     pub fn begin_flush(&self) -> Result<FlushTurn<'_>, ServerError> {
+        let interval = *self.flush_interval.lock();
         let mut f = self.flushes.lock();
-        let recent = f.0.is_some_and(|at| at.elapsed() < MIN_FLUSH_INTERVAL);
-        if f.1 || recent {
+        if f.1 {
             return Err(ServerError::TooFrequent {
                 table: self.name.clone(),
-                what: format!("a flush runs or started less than {MIN_FLUSH_INTERVAL:?} ago"),
+                what: "a flush action runs; try again when it ends".into(),
+            });
+        }
+        if let Some(left) =
+            f.0.and_then(|at| interval.checked_sub(at.elapsed()))
+                .filter(|l| !l.is_zero())
+        {
+            return Err(ServerError::TooFrequent {
+                table: self.name.clone(),
+                what: format!(
+                    "flush actions start at most once per {interval:?}; try again in {left:?}"
+                ),
             });
         }
         *f = (Some(std::time::Instant::now()), true);

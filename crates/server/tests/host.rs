@@ -578,5 +578,11 @@ async fn flush_actions_are_rate_limited() {
         host.begin_flush().is_err(),
         "a second flush within the interval"
     );
+    // With no spacing configured, still one at a time, but back to back.
+    host.set_min_flush_interval(std::time::Duration::ZERO);
+    let turn = host.begin_flush().unwrap();
+    assert!(host.begin_flush().is_err(), "two flushes at once");
+    drop(turn);
+    drop(host.begin_flush().unwrap());
     host.close().await.unwrap();
 }
