@@ -8,7 +8,7 @@
 //! `cargo test` reports them as ignored, with the reason, instead of
 //! passing them silently. Cargo reruns this when either variable changes.
 
-fn main() {
+pub fn main() {
     println!("cargo::rustc-check-cfg=cfg(memwal_s3_tests)");
     println!("cargo::rerun-if-env-changed=MEMWAL_TEST_S3_URI");
     println!("cargo::rerun-if-env-changed=CI");

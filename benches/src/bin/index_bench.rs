@@ -17,7 +17,8 @@
 //!    in its put figures); memwal builds them here.
 //! 3. recall: 50 queries (fresh vectors, slightly perturbed) against that
 //!    generation's SSTable, top 10 through its own index (`fast_search`)
-//!    against brute force.
+//!    against brute force, at lance's default search breadth (ef = 1.5 k,
+//!    what upstream's LSM planner uses) and at ef = 100.
 //!
 //! Writers: `memwal` (fsync, its default local store), `memwal noindex`
 //! (the same table with an empty maintained list: the put path without
@@ -342,7 +343,8 @@ fn sstable_dir(table: &Path, shard: Uuid) -> PathBuf {
         .unwrap_or_else(|| panic!("no SSTable under {}", dir.display()))
 }
 
-async fn recall_at_10(sst: &Path, first: i64, rows: usize, dim: i32) -> f64 {
+/// `ef`: the HNSW search breadth (`None`: lance's default, 1.5 k).
+async fn recall_at_10(sst: &Path, first: i64, rows: usize, dim: i32, ef: Option<usize>) -> f64 {
     let ds = Dataset::open(sst.to_str().unwrap()).await.unwrap();
     let queries = 50;
     let mut hits = 0usize;
@@ -370,6 +372,9 @@ async fn recall_at_10(sst: &Path, first: i64, rows: usize, dim: i32) -> f64 {
             .nearest("vec", &q, 10)
             .unwrap()
             .fast_search();
+        if let Some(ef) = ef {
+            ann.ef(ef);
+        }
         let got = ids(ann
             .try_into_stream()
             .await
@@ -458,11 +463,9 @@ async fn run_one(a: &Args, dim: i32, v: Variant, rep: usize, f: &mut Figures) {
     // 3. Recall of that generation's own index.
     if v != Variant::MemwalNoIndex {
         let sst = sstable_dir(&dir, shard);
-        f.push(
-            "recall@10",
-            v,
-            recall_at_10(&sst, first, a.gen_rows, dim).await,
-        );
+        for (col, ef) in [("recall@10", None), ("recall@10 ef=100", Some(100))] {
+            f.push(col, v, recall_at_10(&sst, first, a.gen_rows, dim, ef).await);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -500,6 +503,7 @@ async fn main() {
             "flush s",
             "flush CPU s",
             "recall@10",
+            "recall@10 ef=100",
         ];
         println!("| writer | {} |", cols.join(" | "));
         println!("|---|{}", "---|".repeat(cols.len()));

@@ -23,6 +23,9 @@
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
 //! tls_key = "server.key"         #   and private key; both or neither)
+//! [writer]                       # every shard writer's settings (writer_config.rs):
+//! memtable_max_mib = 64          #   unset keys: built-in default or the table's
+//! flush_concurrency = 2          #   writer_config_defaults
 //! [tables]                       # NAME = URI; replaces the demo table
 //! orders = "s3://bucket/orders"
 //! [shards]                       # NAME = buckets this daemon owns (default: all)
@@ -34,7 +37,11 @@
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
 //! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
-//! `MEMWAL_SHARDS` (`{orders="0-1,3"}`).
+//! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
+//! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
+//!
+//! `memwal serve --print-config` prints the merged settings (tokens
+//! redacted) and exits; `docs/memwal.toml` is a documented example.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -44,9 +51,11 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::writer_config::WriterSettings;
+
 /// The resolved settings of `memwal serve`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ServeConfig {
     /// Serves the demo table `demo` at `data_dir/demo` when `tables` is empty.
     pub data_dir: Option<String>,
@@ -92,6 +101,8 @@ pub struct ServeConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// Every shard writer's settings (`[writer]`).
+    pub writer: WriterSettings,
 }
 
 impl Default for ServeConfig {
@@ -117,6 +128,7 @@ impl Default for ServeConfig {
             token_file: None,
             tls_cert: None,
             tls_key: None,
+            writer: WriterSettings::default(),
         }
     }
 }
@@ -197,9 +209,17 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// A TOML settings file (see the keys in `memwal serve --help` docs).
+    /// A shard writer setting, KEY=VALUE (repeatable): the `[writer]` keys
+    /// of the settings file (`--writer memtable_max_mib=128`).
+    #[arg(long = "writer", value_name = "KEY=VALUE")]
+    pub writer: Vec<String>,
+    /// A TOML settings file (docs/memwal.toml documents every key).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Print the merged settings (defaults < file < flags < environment,
+    /// tokens redacted) as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// The flags that were given, as a settings layer.
@@ -275,6 +295,14 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
+    if !args.writer.is_empty() {
+        let mut writer = serde_json::Map::new();
+        for flag in &args.writer {
+            let (k, v) = crate::writer_config::parse_flag(flag)?;
+            writer.insert(k, v);
+        }
+        put("writer", writer.into());
+    }
     for (k, v) in [
         ("tls_cert", &args.tls_cert),
         ("tls_key", &args.tls_key),
@@ -320,6 +348,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "tls_cert",
             "tls_key",
         ]))
+        .merge(Env::prefixed("MEMWAL_WRITER_").map(|k| format!("writer.{k}").into()))
         .extract()
         .map_err(|e| format!("settings: {e}"))?;
     if config.tables.is_empty() && config.data_dir.is_none() {
@@ -361,7 +390,19 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
     for (table, list) in &config.shards {
         parse_buckets(list).map_err(|e| format!("shards of `{table}`: {e}"))?;
     }
+    config.writer.to_config()?;
     Ok(config)
+}
+
+/// The merged settings as TOML, tokens redacted and every `[writer]` key
+/// shown (unset ones at the built-in default).
+pub fn print(config: &ServeConfig) -> Result<String, String> {
+    let mut shown = config.clone();
+    if shown.token.is_some() {
+        shown.token = Some("<redacted>".into());
+    }
+    shown.writer = shown.writer.filled();
+    toml::to_string(&shown).map_err(|e| format!("printing the settings: {e}"))
 }
 
 /// Parses a bucket list: numbers and inclusive ranges, comma-separated
@@ -495,6 +536,106 @@ mod tests {
                 ..Default::default()
             };
             assert!(resolve(&bad).unwrap_err().contains("NAME=URI"));
+            Ok(())
+        });
+    }
+
+    // Breaks if the example file stops loading, or a settings key is added
+    // without documenting it there.
+    #[test]
+    fn the_example_config_loads_and_lists_every_key() {
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/memwal.toml");
+        let text = std::fs::read_to_string(example).unwrap();
+        figment::Jail::expect_with(|_| {
+            let args = ServeArgs {
+                config: Some(example.into()),
+                ..Default::default()
+            };
+            let c = resolve(&args).map_err(|e| e.to_string())?;
+            assert_eq!(c.writer.to_config().map(|_| ()), Ok(()));
+            assert_eq!(
+                c.writer.filled(),
+                c.writer,
+                "the example sets every writer key"
+            );
+            let mut full = c.clone();
+            full.token = Some("t".into());
+            full.token_file = Some("f".into());
+            full.tls_cert = Some("c".into());
+            full.tls_key = Some("k".into());
+            full.tables.insert("t".into(), "/t".into());
+            full.shards.insert("t".into(), "0".into());
+            let printed: toml::Table = toml::from_str(&print(&full)?).unwrap();
+            let keys = printed.iter().flat_map(|(k, v)| match v {
+                toml::Value::Table(t) if k == "writer" => t.keys().cloned().collect(),
+                _ => vec![k.clone()],
+            });
+            for key in keys {
+                let documented = text.lines().any(|l| {
+                    let l = l.trim_start_matches(['#', ' ']);
+                    l.starts_with(&format!("{key} =")) || l.starts_with(&format!("[{key}]"))
+                });
+                assert!(documented, "docs/memwal.toml does not document `{key}`");
+            }
+            Ok(())
+        });
+    }
+
+    // Breaks if [writer] keys do not layer (file < flag < environment),
+    // an unknown or invalid key is accepted, or a token is printed.
+    #[test]
+    fn writer_settings_layer_and_bad_ones_are_named() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "memwal.toml",
+                "data_dir = \"d\"\ntoken = \"s3cret\"\n[writer]\nflush_concurrency = 3\nmemtable_max_mib = 8\nclose_timeout_secs = 5\n",
+            )?;
+            let args = ServeArgs {
+                config: Some("memwal.toml".into()),
+                writer: vec![
+                    "memtable_max_mib=16".into(),
+                    "sstable_compression=lance".into(),
+                ],
+                ..Default::default()
+            };
+            jail.set_env("MEMWAL_WRITER_CLOSE_TIMEOUT_SECS", "9");
+            let c = resolve(&args).map_err(|e| e.to_string())?;
+            assert_eq!(c.writer.flush_concurrency, Some(3), "file");
+            assert_eq!(c.writer.memtable_max_mib, Some(16), "flag over file");
+            assert_eq!(
+                c.writer.close_timeout_secs,
+                Some(9),
+                "environment over file"
+            );
+            let w = c.writer.to_config().map_err(|e| e.to_string())?;
+            assert_eq!(w.memtable_max_bytes, 16 << 20);
+            assert_eq!(w.sstable_compression, memwal::SsTableCompression::Lance);
+            let printed = print(&c)?;
+            assert!(!printed.contains("s3cret"), "{printed}");
+            assert!(printed.contains("flush_retry_attempts = 8"), "{printed}");
+            jail.set_env("MEMWAL_WRITER_FLUSH_CONCURRENCY", "0");
+            let e = resolve(&args).unwrap_err();
+            assert!(e.contains("writer.flush_concurrency"), "{e}");
+            jail.set_env("MEMWAL_WRITER_FLUSH_CONCURRENCY", "2");
+            let args = ServeArgs {
+                config: Some("memwal.toml".into()),
+                ..Default::default()
+            };
+            jail.create_file(
+                "memwal.toml",
+                "data_dir = \"d\"\n[writer]\nflush_concurency = 3\n",
+            )?;
+            let e = resolve(&args).unwrap_err();
+            assert!(e.contains("flush_concurency"), "{e}");
+            jail.create_file(
+                "memwal.toml",
+                "data_dir = \"d\"\n[writer]\nsstable_compression = \"zip\"\n",
+            )?;
+            let e = resolve(&args).unwrap_err();
+            assert!(
+                e.contains("sstable_compression") || e.contains("zip"),
+                "{e}"
+            );
             Ok(())
         });
     }

@@ -9,6 +9,7 @@ mod inspect;
 mod load;
 mod serve;
 mod table;
+mod writer_config;
 
 use std::process::ExitCode;
 
@@ -18,10 +19,19 @@ use memwal_fencing::{
 };
 use memwal_store::{open_store, RetryPolicy};
 
+/// `memwal --version`: the package version and the git commit it was
+/// built from (`unknown` outside a git checkout).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("MEMWAL_GIT_COMMIT"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "memwal",
-    version,
+    version = VERSION,
     about = "MemWAL shard tools for Lance tables"
 )]
 struct Cli {

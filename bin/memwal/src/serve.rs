@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use memwal::ShardWriterConfig;
 use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, GcConfig, TableSharding};
 use memwal_server::{http, FlightServiceServer, IngestService, TableHost};
 use memwal_store::open_store;
@@ -68,7 +67,12 @@ const MAX_FLIGHT_MESSAGE_BYTES: usize = 256 << 20;
 /// shard; a second signal exits at once (the WAL keeps every acknowledged
 /// row).
 pub async fn serve(args: ServeArgs) -> Result<String, String> {
+    let print_config = args.print_config;
     let args = crate::config::resolve(&args)?;
+    if print_config {
+        return crate::config::print(&args);
+    }
+    let writer_config = args.writer.to_config()?;
     // Before anything else: a signal that arrives while tables open is held
     // and stops the daemon gracefully once they are open (instead of the
     // default action killing it without a flush).
@@ -117,10 +121,9 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             Some(list) => Some(crate::config::parse_buckets(list)?),
             None => None,
         };
-        let host =
-            TableHost::open_buckets(name, loc, ShardWriterConfig::default(), buckets.as_deref())
-                .await
-                .map_err(|e| e.to_string())?;
+        let host = TableHost::open_buckets(name, loc, writer_config.clone(), buckets.as_deref())
+            .await
+            .map_err(|e| e.to_string())?;
         host.set_min_flush_interval(Duration::from_millis(args.min_flush_interval_ms));
         hosts.insert(name.clone(), Arc::new(host));
     }

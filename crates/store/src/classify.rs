@@ -7,7 +7,10 @@ use std::error::Error as StdError;
 ///
 /// Permanent (false): every answer the store gives as a definite variant
 /// (missing, exists, precondition, not modified, bad path, unsupported,
-/// denied, unauthenticated, bad configuration); any HTTP 4xx status other
+/// denied, unauthenticated, bad configuration); a local write refused
+/// before anything was published ([`refused_errno`]: no room, no
+/// permission, a read-only file system; or a new directory that could not
+/// be synced), which a retry would only repeat; any HTTP 4xx status other
 /// than 408 (timeout), 429 (throttled) and S3's `400 RequestTimeout` (the
 /// upload stalled), found with [`http_status`]; and a failed fsync
 /// ([`is_sync_failure`]), which a retry cannot undo.
@@ -31,6 +34,9 @@ pub fn is_transient(err: &object_store::Error) -> bool {
         return false;
     }
     if is_sync_failure(err) {
+        return false;
+    }
+    if refused_locally(err) {
         return false;
     }
     match http_status(err) {
@@ -100,12 +106,42 @@ const UNSYNCED_WRITE_PREFIXES: [&str; 2] = [
 pub fn is_sync_failure(err: &object_store::Error) -> bool {
     chain(err).any(|link| {
         if let Some(direct) = link.downcast_ref::<crate::direct::DirectWriteError>() {
-            return direct.stage.may_have_landed();
+            return direct.may_have_landed();
         }
         let text = link.to_string();
         UNSYNCED_WRITE_PREFIXES
             .iter()
             .any(|prefix| text.starts_with(prefix))
+    })
+}
+
+/// Errors a local file system gives when it refuses a write outright:
+/// no room (`ENOSPC`, `EDQUOT`), no permission (`EPERM`, `EACCES`), a
+/// read-only file system (`EROFS`). The refused call did nothing.
+pub(crate) fn refused_errno(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    [
+        Errno::NOSPC,
+        Errno::DQUOT,
+        Errno::PERM,
+        Errno::ACCESS,
+        Errno::ROFS,
+    ]
+    .iter()
+    .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()))
+}
+
+/// A local write that failed before publishing anything, in a way a
+/// retry would repeat: a direct write's definite failure, or an
+/// `io::Error` of [`refused_errno`] inside object_store's local errors
+/// (whose "may have landed" failures [`is_sync_failure`] catches first).
+fn refused_locally(err: &object_store::Error) -> bool {
+    chain(err).any(|link| {
+        if let Some(direct) = link.downcast_ref::<crate::direct::DirectWriteError>() {
+            return direct.is_definite();
+        }
+        link.downcast_ref::<std::io::Error>()
+            .is_some_and(refused_errno)
     })
 }
 

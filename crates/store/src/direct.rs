@@ -102,6 +102,9 @@ pub(crate) enum DirectStage {
     Sync,
     /// Linking or renaming the staged file into place.
     Publish,
+    /// The fsync of a directory this write created (removed again, so a
+    /// retry creates and syncs it anew): nothing was published.
+    DirCreate,
 }
 
 /// A failed step of a direct write.
@@ -114,6 +117,30 @@ pub(crate) struct DirectWriteError {
     source: io::Error,
 }
 
+impl DirectWriteError {
+    /// After this failure, the object may be in place without being
+    /// durable (or durable without the caller knowing): a failed fsync of
+    /// the file or its directory, or a link or rename that failed in a way
+    /// that does not prove it did nothing. A link or rename refused for
+    /// room or permission ([`crate::classify::refused_errno`]) did nothing.
+    pub(crate) fn may_have_landed(&self) -> bool {
+        match self.stage {
+            DirectStage::Sync => true,
+            DirectStage::Publish => !crate::classify::refused_errno(&self.source),
+            DirectStage::Stage | DirectStage::Write | DirectStage::DirCreate => false,
+        }
+    }
+
+    /// Nothing was published, and the same request would fail the same
+    /// way: no room, no permission, or a new directory that could not be
+    /// made durable.
+    pub(crate) fn is_definite(&self) -> bool {
+        !self.may_have_landed()
+            && (self.stage == DirectStage::DirCreate
+                || crate::classify::refused_errno(&self.source))
+    }
+}
+
 impl DirectStage {
     fn describe(self) -> &'static str {
         match self {
@@ -121,13 +148,8 @@ impl DirectStage {
             DirectStage::Write => "unable to write the staged file",
             DirectStage::Sync => "unable to sync data to disk for",
             DirectStage::Publish => "unable to publish the staged file as",
+            DirectStage::DirCreate => "unable to sync the new directory",
         }
-    }
-
-    /// After this step failed, the object may be in place without being
-    /// durable (or durable without the caller knowing).
-    pub(crate) fn may_have_landed(self) -> bool {
-        matches!(self, DirectStage::Sync | DirectStage::Publish)
     }
 
     fn error(self, path: &FsPath, source: io::Error) -> object_store::Error {
@@ -354,6 +376,9 @@ fn stage(dest: &FsPath) -> Result<(File, PathBuf), StageError> {
 /// tail (under one block) through the page cache once `O_DIRECT` is off.
 /// `Ok(false)` when the file system refused the direct write.
 fn write_staged(file: &File, path: &FsPath, bytes: &[u8]) -> Result<bool, StageError> {
+    if let Some(e) = crate::failpoint::io_fault("store::stage_write", path) {
+        return Err(DirectStage::Write.error(path, e).into());
+    }
     let aligned = bytes.len() / ALIGN * ALIGN;
     let mut out = file;
     match out.write_all(&bytes[..aligned]) {
@@ -399,6 +424,10 @@ fn publish_staged(
             return Err(e.into());
         }
     };
+    if let Some(e) = crate::failpoint::io_fault("store::publish", dest) {
+        let _ = std::fs::remove_file(staged);
+        return Err(DirectStage::Publish.error(dest, e).into());
+    }
     match publish {
         Publish::Link => match std::fs::hard_link(staged, dest) {
             Ok(()) => {
@@ -451,7 +480,24 @@ fn create_parent_dirs(dest: &FsPath) -> Result<(), StageError> {
     std::fs::create_dir_all(parent).map_err(|e| DirectStage::Stage.error(parent, e))?;
     let mut dir = parent;
     loop {
-        sync_dir(dir).map_err(|e| DirectStage::Sync.error(dir, e))?;
+        let synced = match crate::failpoint::io_fault("store::dir_sync", dir) {
+            Some(e) => Err(e),
+            None => sync_dir(dir),
+        };
+        if let Err(e) = synced {
+            // Nothing is published yet. Remove the directories this call
+            // made (empty unless a peer wrote into them meanwhile, then
+            // kept), so a retry makes and syncs them again instead of
+            // trusting entries that may not be durable.
+            let mut made = parent;
+            while made != first_existing && std::fs::remove_dir(made).is_ok() {
+                match made.parent() {
+                    Some(p) => made = p,
+                    None => break,
+                }
+            }
+            return Err(DirectStage::DirCreate.error(dir, e).into());
+        }
         if dir == first_existing {
             return Ok(());
         }

@@ -48,6 +48,29 @@ pub fn broken(name: &str) -> bool {
     false
 }
 
+/// The I/O error the fault point `name` injects into a local write of
+/// `path`, if armed (`failpoints` feature only): `return(ERRNO)` fails
+/// every such write with that errno, `return(ERRNO@TEXT)` only writes
+/// whose path contains TEXT (so parallel tests do not see each other's
+/// faults); fail's counts and odds apply (`2*return(28)`, `5%return(28)`).
+/// Points: `store::stage_write` (the staged file's write: nothing
+/// published), `store::publish` (the link or rename into place),
+/// `store::dir_sync` (the fsync of a directory a write created).
+#[inline(always)]
+pub fn io_fault(name: &str, path: &std::path::Path) -> Option<std::io::Error> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(name, |arg| {
+        let arg = arg.unwrap_or_default();
+        let (errno, only) = arg.split_once('@').unwrap_or((&arg, ""));
+        let errno = errno.trim().parse().unwrap_or(5);
+        path.to_string_lossy()
+            .contains(only)
+            .then(|| std::io::Error::from_raw_os_error(errno))
+    });
+    let _ = (name, path);
+    None
+}
+
 /// Arms the points `FAILPOINTS` names, for the rest of the process (no-op
 /// without the `failpoints` feature). Call once, at start.
 pub fn failpoints_from_env() {

@@ -1,7 +1,10 @@
 //! The local store `open_store` returns writes large objects through
 //! `O_DIRECT` (its own staged-file path instead of object_store's): these
 //! tests prove those writes keep the store's contract (exact bytes,
-//! put-if-not-exists, overwrite, missing directories, hidden staging).
+//! put-if-not-exists, overwrite, missing directories, hidden staging),
+//! and that they really went through `O_DIRECT` (the direct-write counter
+//! rises; the scratch directory is under /var/tmp, not a tmpfs /tmp, which
+//! refuses `O_DIRECT`).
 
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -9,6 +12,40 @@ use memwal_store::{
     create_object, open_store, read_object, CreateOutcome, Path, RetryPolicy, DIRECT_MIN_BYTES,
 };
 use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+/// A scratch directory on a file system that takes `O_DIRECT`:
+/// `MEMWAL_TEST_DIRECT_DIR`, else /var/tmp (a fresh machine's /tmp may be
+/// a tmpfs, where every direct write would fall back to buffered and these
+/// tests would prove nothing).
+fn scratch() -> tempfile::TempDir {
+    let base = std::env::var("MEMWAL_TEST_DIRECT_DIR").unwrap_or_else(|_| "/var/tmp".into());
+    tempfile::tempdir_in(base).unwrap()
+}
+
+/// `memwal_store_direct_writes_total` in this process (a debugging
+/// recorder installed on first use).
+fn direct_writes() -> u64 {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+    static SNAPSHOTTER: std::sync::OnceLock<Snapshotter> = std::sync::OnceLock::new();
+    let snapshotter = SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this test binary");
+        snapshotter
+    });
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "memwal_store_direct_writes_total")
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum()
+}
 
 /// Distinct bytes (no run an encoding could hide a misplaced block in).
 fn payload(len: usize, seed: u64) -> Bytes {
@@ -39,7 +76,7 @@ fn sizes() -> Vec<usize> {
 /// after the last aligned block), or reports a create that did not land.
 #[tokio::test]
 async fn large_creates_read_back_exactly() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let loc = open_store(dir.path().to_str().unwrap()).unwrap();
     let retry = RetryPolicy::immediate(2);
     for (i, len) in sizes().into_iter().enumerate() {
@@ -63,7 +100,7 @@ async fn large_creates_read_back_exactly() {
 /// retry of our own landed create stops reading back as `Identical`.
 #[tokio::test]
 async fn large_create_never_replaces_an_object() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let loc = open_store(dir.path().to_str().unwrap()).unwrap();
     let retry = RetryPolicy::immediate(2);
     let path = loc.child("wal/0001.arrow");
@@ -111,11 +148,12 @@ async fn large_create_never_replaces_an_object() {
 /// behind or show up in listings.
 #[tokio::test]
 async fn large_writes_create_directories_and_leave_no_staged_files() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let loc = open_store(dir.path().to_str().unwrap()).unwrap();
     let store = loc.store.as_ref();
     let path = loc.child("_mem_wal/shard/wal/0001.arrow");
     let bytes = payload(1 << 20, 3);
+    let before = direct_writes();
     store
         .put_opts(
             &path,
@@ -134,6 +172,10 @@ async fn large_writes_create_directories_and_leave_no_staged_files() {
         .await
         .unwrap();
     assert_eq!(listed, vec![path.clone()]);
+    assert!(
+        direct_writes() > before,
+        "the write did not go through O_DIRECT"
+    );
     let names: Vec<_> = std::fs::read_dir(dir.path().join("_mem_wal/shard/wal"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -149,7 +191,7 @@ async fn large_writes_create_directories_and_leave_no_staged_files() {
 /// leaves a file of the old length.
 #[tokio::test]
 async fn large_overwrite_replaces_the_object() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let loc = open_store(dir.path().to_str().unwrap()).unwrap();
     let store = loc.store.as_ref();
     let path = loc.child("data/file.lance");
@@ -175,7 +217,7 @@ async fn large_overwrite_replaces_the_object() {
 /// with a chunk missing.
 #[tokio::test]
 async fn multi_chunk_payloads_are_written_in_order() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = scratch();
     let loc = open_store(dir.path().to_str().unwrap()).unwrap();
     let store = loc.store.as_ref();
     let path = loc.child("wal/0002.arrow");
@@ -189,4 +231,85 @@ async fn multi_chunk_payloads_are_written_in_order() {
         store.get(&path).await.unwrap().bytes().await.unwrap(),
         whole
     );
+}
+
+/// A local write refused for room or permission before anything was
+/// published (the staged file's write, or its link into place), or whose
+/// new directory could not be synced, is a definite refusal at once: no
+/// retries, `StoreError::Request` (nothing written), no object, no staged
+/// file, no half-made directory; once the fault is gone the same create
+/// lands.
+///
+/// Breaks if such failures count as transient (retried until they become
+/// `OutcomeUnknown`, which stops a writer and its shard for a disk that was
+/// full for a moment) or as "may have landed" (a failed link), or if a
+/// directory whose sync failed is left for a retry to trust.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn refused_local_writes_are_definite_and_publish_nothing() {
+    use memwal_store::StoreError;
+    for (point, errno, tag) in [
+        ("store::stage_write", 28, "enospc-write"),
+        ("store::stage_write", 1, "eperm-write"),
+        ("store::publish", 28, "enospc-link"),
+        ("store::publish", 1, "eperm-link"),
+        ("store::publish", 13, "eacces-link"),
+        ("store::dir_sync", 5, "eio-dir-sync"),
+    ] {
+        let dir = scratch();
+        let loc = open_store(dir.path().to_str().unwrap()).unwrap();
+        let path = loc.child(&format!("{tag}/wal/0001.arrow"));
+        let bytes = payload(1 << 20, 9);
+        // Scoped to this path: other tests' writes are not hit.
+        fail::cfg(point, &format!("return({errno}@{tag})")).unwrap();
+        let refused = create_object(
+            loc.store.as_ref(),
+            &path,
+            bytes.clone(),
+            &RetryPolicy::immediate(6),
+        )
+        .await;
+        fail::remove(point);
+        match &refused {
+            Err(StoreError::Request { .. }) => {}
+            other => panic!("{tag}: want a definite refusal, got {other:?}"),
+        }
+        let left: Vec<_> = walk(dir.path());
+        assert!(
+            left.iter().all(|p| !p.contains("0001.arrow")),
+            "{tag}: left {left:?}"
+        );
+        if point == "store::dir_sync" {
+            assert!(
+                !dir.path().join(tag).exists(),
+                "{tag}: the unsynced directory stayed: {left:?}"
+            );
+        }
+        let out = create_object(
+            loc.store.as_ref(),
+            &path,
+            bytes.clone(),
+            &RetryPolicy::immediate(1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out, CreateOutcome::Created, "{tag}: after the fault");
+    }
+}
+
+/// Every file and directory under `dir`, as paths relative to it.
+#[cfg(feature = "failpoints")]
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.strip_prefix(dir).unwrap().to_string_lossy().into_owned());
+            if p.is_dir() {
+                todo.push(p);
+            }
+        }
+    }
+    out
 }

@@ -72,6 +72,14 @@ fn large_local_create_bypasses_the_page_cache_and_fsyncs() {
         "the object's staged file was not opened with O_DIRECT:\n{}",
         trace.log
     );
+    // An open refused with EINVAL (a file system without O_DIRECT) falls
+    // back to the page cache: only a successful direct open counts. The
+    // child also checked that the direct-write counter rose.
+    assert!(
+        direct_opens.iter().any(|l| opened_fd(l)),
+        "no O_DIRECT open of the staged file succeeded:\n{}",
+        direct_opens.join("\n")
+    );
     let synced = synced_paths(&trace.log);
     let file_synced = synced
         .iter()
@@ -82,6 +90,13 @@ fn large_local_create_bypasses_the_page_cache_and_fsyncs() {
         "expected an fsync of the staged file, then of {}; fsynced: {synced:?}",
         trace.dir.display()
     );
+}
+
+/// Whether an strace `openat` line returned a descriptor (`) = 3</…>`),
+/// not an error (`) = -1 EINVAL …`).
+fn opened_fd(line: &str) -> bool {
+    line.rsplit_once(") = ")
+        .is_some_and(|(_, ret)| ret.starts_with(|c: char| c.is_ascii_digit()))
 }
 
 /// What a traced child did: its strace log, the object's file and the
@@ -149,12 +164,17 @@ fn traced_create(test: &str, len: usize) -> Option<Trace> {
     })
 }
 
-/// The traced child: one put-if-not-exists of `len` bytes through `open_store`.
+/// The traced child: one put-if-not-exists of `len` bytes through
+/// `open_store`; one at least `DIRECT_MIN_BYTES` long must count as a
+/// direct write (`memwal_store_direct_writes_total`).
 fn durable_create(table: &FsPath, len: usize) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
     rt.block_on(async {
         let loc = open_store(table.to_str().unwrap()).unwrap();
         let out = create_object(
@@ -167,6 +187,21 @@ fn durable_create(table: &FsPath, len: usize) {
         .unwrap();
         assert_eq!(out, CreateOutcome::Created);
     });
+    let direct: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "memwal_store_direct_writes_total")
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    let want = u64::from(len >= memwal_store::DIRECT_MIN_BYTES);
+    assert_eq!(
+        direct, want,
+        "direct writes counted for a {len}-byte create"
+    );
 }
 
 /// Why strace cannot trace here, or `None` when it can.
