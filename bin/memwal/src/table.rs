@@ -297,14 +297,15 @@ pub async fn gc(
     for r in reports {
         match r {
             Ok(r) => out.push_str(&format!(
-                "shard {}: {verb} {} SSTables, {} abandoned flushes, {} WAL entries, {} manifest versions ({} objects, {} bytes)\n",
+                "shard {}: {verb} {} SSTables, {} abandoned flushes, {} WAL entries, {} manifest versions ({} objects, {} bytes), {} staged files of crashed writes\n",
                 r.shard.map(|s| s.to_string()).unwrap_or_default(),
                 r.sstables.len(),
                 r.abandoned.len(),
                 r.wal_entries.len(),
                 r.manifest_versions.len(),
                 r.objects,
-                r.bytes
+                r.bytes,
+                r.staged.len()
             )),
             Err(e) => failed.push(e.to_string()),
         }

@@ -95,10 +95,16 @@ pub struct GcReport {
     pub abandoned: Vec<String>,
     /// WAL positions.
     pub wal_entries: Vec<u64>,
-    /// WAL positions kept because they start an epoch's run.
+    /// WAL positions kept because they start an epoch's run (among the
+    /// entries up to the last one older than the grace period; younger
+    /// ones are kept unread).
     pub wal_run_starts: Vec<u64>,
     /// Manifest versions.
     pub manifest_versions: Vec<u64>,
+    /// Staged files (`{object}#{n}`) a crashed local write left in the
+    /// shard's directory, older than the grace period (local stores only;
+    /// not counted in `objects` / `bytes`).
+    pub staged: Vec<String>,
     /// Objects deleted in all.
     pub objects: u64,
     /// Bytes of those objects.
@@ -241,6 +247,10 @@ pub async fn collect_garbage(
                 Ok(state) => collect_shard(loc, config, &facts, shard, state).await,
                 Err(e) => Err(e),
             };
+            let r = match r {
+                Ok(report) => sweep_shard(loc, config, shard, report).await,
+                Err(e) => Err(e),
+            };
             if let Err(e) = &r {
                 tracing::warn!(%shard, error = %e, "garbage collection of shard failed");
             }
@@ -250,6 +260,38 @@ pub async fn collect_garbage(
     }
     .instrument(span)
     .await
+}
+
+/// Removes the staged files a crashed local write left under the shard's
+/// directory (LIST hides them, so the object rules above never see them).
+async fn sweep_shard(
+    loc: &StoreLocation,
+    config: &GcConfig,
+    shard: ShardId,
+    mut report: GcReport,
+) -> Result<GcReport> {
+    let Some(root) = memwal_store::local_dir(loc) else {
+        return Ok(report);
+    };
+    let layout = ShardLayout::new(&loc.root, shard);
+    let rel = layout.shard_dir().parts().skip(loc.root.parts().count());
+    let dir = rel.fold(root, |p, part| p.join(part.as_ref()));
+    let (grace, dry_run) = (config.grace, config.dry_run);
+    let shown = dir.clone();
+    let swept =
+        tokio::task::spawn_blocking(move || memwal_store::sweep_staged(&dir, grace, dry_run))
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|r| r)
+            .map_err(|e| CompactorError::Store {
+                path: shown.display().to_string(),
+                source: Box::new(object_store::Error::Generic {
+                    store: "LocalFileSystem",
+                    source: Box::new(e),
+                }),
+            })?;
+    report.staged = swept.iter().map(|p| p.display().to_string()).collect();
+    Ok(report)
 }
 
 /// The generation an SSTable directory name carries (`…_gen_N`).
@@ -410,10 +452,19 @@ async fn collect_shard(
         delete.extend(files.iter().cloned());
     }
 
-    // WAL entries.
+    // WAL entries. Only an entry older than the grace period can go, and
+    // whether it starts a run depends only on the entries before it: the
+    // young tail after the last old entry is kept without reading its
+    // epochs (otherwise each entry was read again every cycle for as long
+    // as it stayed young).
     let cursor = latest.replay_after_wal_entry_position;
+    let last_old = wal
+        .range(..=cursor)
+        .rev()
+        .find(|(_, meta)| older_than(meta, config.grace))
+        .map_or(0, |(&position, _)| position);
     let mut prev_epoch: Option<u64> = None;
-    for (&position, meta) in wal.range(..=cursor) {
+    for (&position, meta) in wal.range(..=last_old) {
         let epoch = entry_epoch(loc, meta).await?;
         let run_start = match (prev_epoch, epoch) {
             (None, _) | (_, None) => true,

@@ -11,6 +11,8 @@
 //! - [`read_object`] / [`object_exists`] never read a failure as "absent".
 //! - [`is_transient`], [`http_status`], [`is_sync_failure`] classify
 //!   object_store errors (retry, refusal, unknown outcome).
+//! - [`sweep_staged`] removes the staged files a crash left in a local
+//!   store (hidden from LIST, so only the file system shows them).
 
 mod classify;
 mod direct;
@@ -18,6 +20,7 @@ mod error;
 mod failpoint;
 mod ops;
 mod retry;
+mod staged;
 mod uri;
 
 pub use classify::{http_status, is_sync_failure, is_transient};
@@ -27,4 +30,5 @@ pub use failpoint::{broken, crash_point, failpoints_from_env};
 pub use object_store::{path::Path, ObjectStore};
 pub use ops::{create_object, object_exists, put_overwrite, read_object, CreateOutcome};
 pub use retry::RetryPolicy;
+pub use staged::{is_staged_name, local_dir, sweep_staged};
 pub use uri::{open_store, StoreLocation};
