@@ -19,6 +19,8 @@
 //! max_decoded_mib_in_flight = 1024  # decoded message bytes held at once, MiB
 //! first_message_secs = 30        # a new ingest call must send its first message by then
 //! min_flush_interval_ms = 1000   # `flush` actions start at most this often per table
+//! max_open_shards = 1024         # per table; rows for one more: RESOURCE_EXHAUSTED
+//! shard_idle_secs = 600          # close a shard no rows arrived for this long (0: never)
 //! token = "…"                    # require `authorization: Bearer …`
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -36,7 +38,7 @@
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
-//! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
+//! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, `MEMWAL_MAX_OPEN_SHARDS`, `MEMWAL_SHARD_IDLE_SECS`, //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
 //! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
 //!
@@ -92,6 +94,12 @@ pub struct ServeConfig {
     /// table (0: one at a time, no spacing); more are refused with
     /// RESOURCE_EXHAUSTED.
     pub min_flush_interval_ms: u64,
+    /// Shards each table keeps open at once; rows for one more are refused
+    /// with RESOURCE_EXHAUSTED.
+    pub max_open_shards: usize,
+    /// A shard no rows arrived for in this many seconds is flushed and
+    /// closed, and its metric series dropped (0: never).
+    pub shard_idle_secs: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
     /// A file holding the bearer token (its first line): keeps it out of
@@ -124,6 +132,8 @@ impl Default for ServeConfig {
             max_decoded_mib_in_flight: 1024,
             first_message_secs: 30,
             min_flush_interval_ms: 1000,
+            max_open_shards: 1024,
+            shard_idle_secs: 600,
             token: None,
             token_file: None,
             tls_cert: None,
@@ -196,6 +206,14 @@ pub struct ServeArgs {
     /// table (0: one at a time) [default: 1000].
     #[arg(long)]
     pub min_flush_interval_ms: Option<u64>,
+    /// Shards each table keeps open at once; rows for one more are refused
+    /// with RESOURCE_EXHAUSTED [default: 1024].
+    #[arg(long)]
+    pub max_open_shards: Option<usize>,
+    /// Close a shard no rows arrived for in this many seconds (0: never)
+    /// [default: 600].
+    #[arg(long)]
+    pub shard_idle_secs: Option<u64>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
     /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
@@ -292,6 +310,12 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.min_flush_interval_ms {
         put("min_flush_interval_ms", s.into());
     }
+    if let Some(n) = args.max_open_shards {
+        put("max_open_shards", n.into());
+    }
+    if let Some(s) = args.shard_idle_secs {
+        put("shard_idle_secs", s.into());
+    }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
@@ -343,6 +367,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "max_decoded_mib_in_flight",
             "first_message_secs",
             "min_flush_interval_ms",
+            "max_open_shards",
+            "shard_idle_secs",
             "token",
             "token_file",
             "tls_cert",
@@ -379,6 +405,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             config.max_decoded_mib_in_flight == 0,
         ),
         ("first_message_secs", config.first_message_secs == 0),
+        ("max_open_shards", config.max_open_shards == 0),
     ] {
         if zero {
             return Err(format!("{key} must be at least 1"));

@@ -42,6 +42,157 @@ pub struct LoadArgs {
     /// The name the daemon's certificate is issued to [default: the host of --to].
     #[arg(long, requires = "tls_ca")]
     pub tls_domain: Option<String>,
+    /// Send for this many seconds instead of `--rows` rows (keys keep
+    /// rising).
+    #[arg(long)]
+    pub secs: Option<u64>,
+    /// On a refused or failed batch, count its status code, reconnect and
+    /// go on with the next batch (default: stop at the first error). The
+    /// summary then lists the codes.
+    #[arg(long)]
+    pub keep_going: bool,
+    /// Append one line per acknowledged batch to this file: its first key
+    /// and row count (the keys are `first..first+rows`).
+    #[arg(long)]
+    pub acked: Option<std::path::PathBuf>,
+}
+
+/// What the producers share.
+struct Shared {
+    args: LoadArgs,
+    schema: SchemaRef,
+    /// Batches in all (unbounded under `--secs`).
+    batches: u64,
+    deadline: Option<Instant>,
+    acked: Option<std::sync::Mutex<std::fs::File>>,
+    errors: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Shared {
+    fn more(&self, b: u64) -> bool {
+        b < self.batches && self.deadline.is_none_or(|d| Instant::now() < d)
+    }
+
+    /// Batch `b`: its first key, rows and data.
+    fn make(&self, b: u64) -> Result<(i64, usize, RecordBatch), String> {
+        let size = self.args.batch as u64;
+        let first = (b * size) as i64;
+        let n = match self.deadline {
+            Some(_) => size,
+            None => size.min(self.args.rows - b * size),
+        } as usize;
+        batch(&self.schema, first, n, self.args.payload).map(|batch| (first, n, batch))
+    }
+
+    /// Counts a failed batch under `--keep-going` (its code), or stops.
+    fn failed(&self, p: usize, e: arrow_flight::error::FlightError) -> Result<(), String> {
+        if !self.args.keep_going {
+            return Err(format!("producer {p}: {e}"));
+        }
+        let code = match &e {
+            arrow_flight::error::FlightError::Tonic(s) => format!("{:?}", s.code()),
+            _ => "Other".to_string(),
+        };
+        *self
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(code)
+            .or_default() += 1;
+        Ok(())
+    }
+
+    fn ack(&self, done: &Done, first: i64, n: usize, latency: Duration) -> Result<(), String> {
+        let _ = done.unbounded_send((n, latency));
+        if let Some(f) = &self.acked {
+            use std::io::Write;
+            writeln!(f.lock().unwrap_or_else(|e| e.into_inner()), "{first} {n}")
+                .map_err(|e| format!("--acked: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where producers report each acknowledged batch (rows, latency); the
+/// summary ends once every producer dropped its sender.
+type Done = futures::channel::mpsc::UnboundedSender<(usize, Duration)>;
+
+/// One producer: batches `p`, `p + producers`, ... over one DoPut stream
+/// (a new one after a failure under `--keep-going`).
+async fn produce(p: usize, s: Arc<Shared>, done: Done) -> Result<(), String> {
+    let step = s.args.producers as u64;
+    let mut b = p as u64;
+    'stream: while s.more(b) {
+        let mut c = match connect(&s.args).await {
+            Ok(c) => c,
+            Err(e) if s.args.keep_going => {
+                *s.errors
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry("Connect".into())
+                    .or_default() += 1;
+                tracing::debug!(producer = p, error = %e, "reconnecting");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let (mut tx, rx) = futures::channel::mpsc::channel::<RecordBatch>(1);
+        let stream = FlightDataEncoderBuilder::new()
+            .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![s.args.table.clone()])))
+            .build(rx.map(Ok));
+        // The daemon answers a DoPut once its first message arrives, so
+        // the first batch is queued before the call.
+        let (mut first, mut n, data) = s.make(b)?;
+        let mut sent = Instant::now();
+        tx.send(data).await.map_err(|e| e.to_string())?;
+        let mut acks = match c.do_put(stream).await {
+            Ok(acks) => acks,
+            Err(e) => {
+                s.failed(p, e)?;
+                b += step;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue 'stream;
+            }
+        };
+        loop {
+            match acks.next().await {
+                Some(Ok(_)) => s.ack(&done, first, n, sent.elapsed())?,
+                Some(Err(e)) => {
+                    s.failed(p, e)?;
+                    b += step;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue 'stream;
+                }
+                None => {
+                    let e = arrow_flight::error::FlightError::Tonic(Box::new(
+                        tonic::Status::unavailable("the daemon ended the stream"),
+                    ));
+                    s.failed(p, e)?;
+                    b += step;
+                    continue 'stream;
+                }
+            }
+            b += step;
+            if !s.more(b) {
+                break;
+            }
+            let next;
+            (first, n, next) = s.make(b)?;
+            sent = Instant::now();
+            if tx.send(next).await.is_err() {
+                continue 'stream;
+            }
+        }
+        drop(tx);
+        while let Some(r) = acks.next().await {
+            if let Err(e) = r {
+                s.failed(p, e)?;
+            }
+        }
+        return Ok(());
+    }
+    Ok(())
 }
 
 async fn connect(args: &LoadArgs) -> Result<FlightClient, String> {
@@ -124,66 +275,46 @@ pub async fn load(args: LoadArgs) -> Result<String, String> {
     }
     let mut probe = connect(&args).await?;
     let schema = schema(&mut probe, &args.table).await?;
-    let batches = args.rows.div_ceil(args.batch as u64);
+    let (batches, deadline) = match args.secs {
+        Some(secs) => (
+            u64::MAX / 2 / args.batch as u64,
+            Some(Instant::now() + Duration::from_secs(secs)),
+        ),
+        None => (args.rows.div_ceil(args.batch as u64), None),
+    };
+    let acked = match &args.acked {
+        Some(path) => Some(std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("--acked {}: {e}", path.display()))?,
+        )),
+        None => None,
+    };
     let (done_tx, mut done_rx) = futures::channel::mpsc::unbounded::<(usize, Duration)>();
+    let shared = Arc::new(Shared {
+        args: args.clone(),
+        schema,
+        batches,
+        deadline,
+        acked,
+        errors: Default::default(),
+    });
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for p in 0..args.producers {
-        let args = args.clone();
-        let schema = schema.clone();
-        let done = done_tx.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut c = connect(&args).await?;
-            let (mut tx, rx) = futures::channel::mpsc::channel::<RecordBatch>(1);
-            let stream = FlightDataEncoderBuilder::new()
-                .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![args.table.clone()])))
-                .build(rx.map(Ok));
-            let mut b = p as u64;
-            if b >= batches {
-                return Ok(());
-            }
-            // The daemon answers a DoPut once its first message arrives, so
-            // the first batch is queued before the call.
-            let make = |b: u64| {
-                let first = (b * args.batch as u64) as i64;
-                let n = (args.batch as u64).min(args.rows - b * args.batch as u64) as usize;
-                batch(&schema, first, n, args.payload).map(|batch| (n, batch))
-            };
-            let (mut n, first) = make(b)?;
-            let mut sent = Instant::now();
-            tx.send(first).await.map_err(|e| e.to_string())?;
-            let mut acks = c.do_put(stream).await.map_err(|e| e.to_string())?;
-            loop {
-                match acks.next().await {
-                    Some(Ok(_)) => {
-                        let _ = done.unbounded_send((n, sent.elapsed()));
-                    }
-                    Some(Err(e)) => return Err(format!("producer {p}: {e}")),
-                    None => return Err(format!("producer {p}: the daemon ended the stream")),
-                }
-                b += args.producers as u64;
-                if b >= batches {
-                    break;
-                }
-                let (next_n, next) = make(b)?;
-                n = next_n;
-                sent = Instant::now();
-                tx.send(next).await.map_err(|e| e.to_string())?;
-            }
-            drop(tx);
-            while let Some(r) = acks.next().await {
-                r.map_err(|e| e.to_string())?;
-            }
-            Ok::<(), String>(())
-        }));
-    }
+    let tasks: Vec<_> = (0..args.producers)
+        .map(|p| tokio::spawn(produce(p, shared.clone(), done_tx.clone())))
+        .collect();
     drop(done_tx);
-    let bar = indicatif::ProgressBar::new(args.rows);
+    let bar = match args.secs {
+        Some(_) => indicatif::ProgressBar::hidden(),
+        None => indicatif::ProgressBar::new(args.rows),
+    };
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} rows  {per_sec}  eta {eta}")
             .map_err(|e| e.to_string())?,
     );
-    let mut latencies = Vec::with_capacity(batches as usize);
+    let mut latencies = Vec::with_capacity(batches.min(1 << 20) as usize);
     let mut rows = 0u64;
     while let Some((n, latency)) = done_rx.next().await {
         rows += n as u64;
@@ -203,8 +334,18 @@ pub async fn load(args: LoadArgs) -> Result<String, String> {
             .unwrap_or(0.0)
     };
     let bytes = rows as f64 * (args.payload as f64 + 8.0);
+    let errors = shared
+        .errors
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let errors = if errors.is_empty() {
+        String::new()
+    } else {
+        format!("failed batches by code: {errors:?}\n")
+    };
     Ok(format!(
-        "{rows} rows in {secs:.2} s: {:.0} rows/s, {:.1} MB/s; ack latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} batches of {}, {} producers)\n",
+        "{rows} rows in {secs:.2} s: {:.0} rows/s, {:.1} MB/s; ack latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} batches of {}, {} producers)\n{errors}",
         rows as f64 / secs,
         bytes / secs / 1e6,
         pct(0.5),

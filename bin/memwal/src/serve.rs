@@ -78,7 +78,12 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     // default action killing it without a flush).
     let mut signals = Signals::install()?;
     let (mut server, scheme) = flight_server(&args)?;
+    // Series not updated for twice the shard idle time go: a shard that
+    // got no rows for the idle time is closed, so they are a closed
+    // shard's (live writers' gauges are set again every second).
+    let idle = (args.shard_idle_secs > 0).then(|| Duration::from_secs(args.shard_idle_secs * 2));
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .idle_timeout(metrics_util::MetricKindMask::ALL, idle)
         .install_recorder()
         .map_err(|e| format!("installing the metrics recorder: {e}"))?;
     let ready = Arc::new(AtomicBool::new(false));
@@ -125,6 +130,11 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             .await
             .map_err(|e| e.to_string())?;
         host.set_min_flush_interval(Duration::from_millis(args.min_flush_interval_ms));
+        host.set_shard_limits(memwal_server::ShardLimits {
+            max_open: args.max_open_shards,
+            idle_close: (args.shard_idle_secs > 0)
+                .then(|| Duration::from_secs(args.shard_idle_secs)),
+        });
         hosts.insert(name.clone(), Arc::new(host));
     }
     let hosts = Arc::new(hosts);

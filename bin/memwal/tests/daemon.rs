@@ -626,3 +626,50 @@ fn sigterm_while_opening_stops_gracefully() {
     assert!(status.success(), "{status}: {rest:?}");
     assert!(rest.iter().any(|l| l.contains("stopping")), "{rest:?}");
 }
+
+// Breaks if a shard no rows arrive for stays open for good with its metric
+// series (identity sharding would grow both without bound): with
+// `--shard-idle-secs 1` the shard is flushed, closed and forgotten (gone
+// from /status), its `memwal_writer_*` series leave /metrics, its rows are
+// published, and a later put opens it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_shard_is_closed_and_its_series_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(&table, &["--shard-idle-secs", "1"]);
+    let mut c = client(&d.flight, None).await;
+    put(&mut c, &["t"], vec![rows(&[1], "a")]).await.unwrap();
+    let (_, m) = http_fetch(&d.http, "/metrics", None);
+    assert!(m.contains("memwal_writer_rows_total{"), "{m}");
+    let shards = || {
+        let (_, s) = http_fetch(&d.http, "/status", None);
+        let s: serde_json::Value = serde_json::from_str(&s).unwrap();
+        s["tables"]["t"]["shards"].as_array().unwrap().len()
+    };
+    assert_eq!(shards(), 1);
+    // Closed after a second without rows; its series go a second later.
+    // Polled, bounded: a shard still open after a minute fails.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (_, m) = http_fetch(&d.http, "/metrics", None);
+        if shards() == 0 && !m.contains("memwal_writer_") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "after a minute idle: {} shards open; metrics:\n{m}",
+            shards()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    put(&mut c, &["t"], vec![rows(&[2], "b")]).await.unwrap();
+    assert_eq!(shards(), 1, "a put opens the shard again");
+    d.stop_ok();
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out}{err}");
+    let want: BTreeMap<i64, String> = [(1, "a-1"), (2, "b-2")]
+        .map(|(k, v)| (k, v.to_string()))
+        .into();
+    assert_eq!(base_rows(&table).await, want);
+}

@@ -84,6 +84,20 @@ pub enum ServerError {
         /// What was refused.
         what: String,
     },
+    /// Rows for a shard that is not open would open one more than the
+    /// table's cap (`max_open_shards`). Nothing was written.
+    #[error(
+        "table `{table}`: {open} shards are open, the cap (max_open_shards) is {cap}; \
+         rows for a new shard are refused until an idle one closes"
+    )]
+    ShardLimit {
+        /// The table.
+        table: String,
+        /// Shards open (or opening, or down) now.
+        open: usize,
+        /// The cap.
+        cap: usize,
+    },
     /// Setting up a table failed.
     #[error("table `{table}`: {reason}")]
     Setup {
@@ -193,7 +207,7 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
     match e {
         ServerError::Partial { .. } => Code::Aborted,
         ServerError::Down { .. } | ServerError::Stopping { .. } => Code::Unavailable,
-        ServerError::TooFrequent { .. } => Code::ResourceExhausted,
+        ServerError::TooFrequent { .. } | ServerError::ShardLimit { .. } => Code::ResourceExhausted,
         ServerError::UnknownTable(_) => Code::NotFound,
         ServerError::InvalidInput { .. } => Code::InvalidArgument,
         ServerError::ServedElsewhere { .. } => Code::FailedPrecondition,

@@ -19,4 +19,6 @@ pub use arrow_flight::flight_service_server::FlightServiceServer;
 pub use decode::IngestLimits;
 pub use error::{FailedPart, ServerError};
 pub use flight::IngestService;
-pub use table::{FlushTurn, PartAck, ShardKey, ShardStatus, TableHost, MIN_FLUSH_INTERVAL};
+pub use table::{
+    FlushTurn, PartAck, ShardKey, ShardLimits, ShardStatus, TableHost, MIN_FLUSH_INTERVAL,
+};

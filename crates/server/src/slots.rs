@@ -92,11 +92,22 @@ pub(crate) fn down(shard: ShardId, cause: memwal::Error, attempts: u32) -> Slot 
 }
 
 /// One shard key's slot: empty until first opened.
-#[derive(Default)]
 pub(crate) struct Cell {
-    /// Held while this shard opens or reopens (one at a time).
+    /// Held while this shard opens, reopens or closes (one at a time).
     pub opening: tokio::sync::Mutex<()>,
     slot: parking_lot::Mutex<Option<Slot>>,
+    /// When rows for this shard last arrived (idle shards are closed).
+    touched: parking_lot::Mutex<Instant>,
+}
+
+impl Default for Cell {
+    fn default() -> Self {
+        Self {
+            opening: Default::default(),
+            slot: Default::default(),
+            touched: parking_lot::Mutex::new(Instant::now()),
+        }
+    }
 }
 
 impl Cell {
@@ -111,6 +122,21 @@ impl Cell {
 
     pub(crate) fn set(&self, slot: Slot) {
         *self.slot.lock() = Some(slot);
+    }
+
+    /// Empties the slot, returning what it held.
+    pub(crate) fn take(&self) -> Option<Slot> {
+        self.slot.lock().take()
+    }
+
+    /// Records that rows for this shard arrived now.
+    pub(crate) fn touch(&self) {
+        *self.touched.lock() = Instant::now();
+    }
+
+    /// How long ago rows for this shard last arrived.
+    pub(crate) fn idle_for(&self) -> Duration {
+        self.touched.lock().elapsed()
     }
 
     /// Replaces a live writer of `shard` (only that one) with `slot`.
@@ -132,6 +158,50 @@ impl Slots {
     /// The cell of `key`, created empty on first use.
     pub(crate) fn cell(&self, key: &ShardKey) -> Arc<Cell> {
         self.map.lock().entry(key.clone()).or_default().clone()
+    }
+
+    /// The cell of `key`, if it has one.
+    pub(crate) fn get(&self, key: &ShardKey) -> Option<Arc<Cell>> {
+        self.map.lock().get(key).cloned()
+    }
+
+    /// The cell of `key`, created empty on first use unless `cap` cells
+    /// exist already (`Err` with the count).
+    pub(crate) fn cell_capped(&self, key: &ShardKey, cap: usize) -> Result<Arc<Cell>, usize> {
+        let mut map = self.map.lock();
+        if let Some(cell) = map.get(key) {
+            return Ok(cell.clone());
+        }
+        if map.len() >= cap {
+            return Err(map.len());
+        }
+        Ok(map.entry(key.clone()).or_default().clone())
+    }
+
+    /// Forgets `key`'s cell if it is still `cell` and empty (a closed idle
+    /// shard: its key counts against the cap no more).
+    pub(crate) fn remove_if_empty(&self, key: &ShardKey, cell: &Arc<Cell>) {
+        let mut map = self.map.lock();
+        if map.get(key).is_some_and(|c| Arc::ptr_eq(c, cell)) && cell.slot.lock().is_none() {
+            map.remove(key);
+        }
+    }
+
+    /// Whether `cell` is still `key`'s cell (not retired by an idle close).
+    pub(crate) fn holds(&self, key: &ShardKey, cell: &Arc<Cell>) -> bool {
+        self.map
+            .lock()
+            .get(key)
+            .is_some_and(|c| Arc::ptr_eq(c, cell))
+    }
+
+    /// Every cell, by key.
+    pub(crate) fn cells(&self) -> Vec<(ShardKey, Arc<Cell>)> {
+        self.map
+            .lock()
+            .iter()
+            .map(|(k, c)| (k.clone(), c.clone()))
+            .collect()
     }
 
     /// Every opened slot, by key.

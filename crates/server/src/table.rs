@@ -124,6 +124,8 @@ pub struct TableHost {
     flushes: parking_lot::Mutex<(Option<std::time::Instant>, bool)>,
     /// `flush` actions start at most once per this long.
     flush_interval: parking_lot::Mutex<std::time::Duration>,
+    /// Caps on the shards this host holds open.
+    shard_limits: parking_lot::Mutex<ShardLimits>,
     /// Set when [`Self::close`] starts: no shard opens and no row is taken
     /// after it.
     closing: std::sync::atomic::AtomicBool,
@@ -134,6 +136,29 @@ pub struct TableHost {
 /// `flush` actions start at most this often per table, by default
 /// ([`TableHost::set_min_flush_interval`]).
 pub const MIN_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How many shards a table keeps open, and when an idle one closes
+/// ([`TableHost::set_shard_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardLimits {
+    /// Shards open at once (live, opening, or down and being retried);
+    /// rows for one more are refused with `RESOURCE_EXHAUSTED`. Default
+    /// 1024.
+    pub max_open: usize,
+    /// A shard no rows arrived for in this long is flushed, closed and
+    /// forgotten (the next row for it opens it again: a new claim).
+    /// `None`: never. Default 600 s.
+    pub idle_close: Option<std::time::Duration>,
+}
+
+impl Default for ShardLimits {
+    fn default() -> Self {
+        Self {
+            max_open: 1024,
+            idle_close: Some(std::time::Duration::from_secs(600)),
+        }
+    }
+}
 
 /// A `flush` action's turn ([`TableHost::begin_flush`]).
 pub struct FlushTurn<'a>(&'a TableHost);
@@ -301,6 +326,7 @@ impl TableHost {
             closing: Default::default(),
             flushes: Default::default(),
             flush_interval: parking_lot::Mutex::new(MIN_FLUSH_INTERVAL),
+            shard_limits: Default::default(),
         };
         host.open_existing().await?;
         Ok(host)
@@ -435,19 +461,50 @@ impl TableHost {
     /// reopening a shard that is down once its backoff has passed. Only
     /// this shard waits while it opens.
     async fn writer(&self, key: &ShardKey) -> Result<Arc<ShardWriter>, ServerError> {
-        let cell = self.slots.cell(key);
+        loop {
+            if let Some(w) = self.writer_in_cell(key).await? {
+                return Ok(w);
+            }
+            // The cell was retired (an idle close) while this put waited
+            // for it: the next round takes the key's new cell.
+        }
+    }
+
+    async fn writer_in_cell(
+        &self,
+        key: &ShardKey,
+    ) -> Result<Option<Arc<ShardWriter>>, ServerError> {
+        let cell = match self.slots.get(key) {
+            Some(cell) => cell,
+            None => {
+                // Neither an unowned bucket nor one past the cap takes a cell.
+                self.check_owned(key)?;
+                let cap = self.shard_limits.lock().max_open;
+                self.slots
+                    .cell_capped(key, cap)
+                    .map_err(|open| ServerError::ShardLimit {
+                        table: self.name.clone(),
+                        open,
+                        cap,
+                    })?
+            }
+        };
+        cell.touch();
         match cell.current() {
-            Some(Slot::Live(w)) => return Ok(w),
+            Some(Slot::Live(w)) => return Ok(Some(w)),
             Some(slot) if !self.due(&slot) => return Err(self.refusal(&slot)),
             Some(_) => {}
             None => self.check_owned(key)?,
         }
         let _opening = cell.opening.lock().await;
+        if !self.slots.holds(key, &cell) {
+            return Ok(None);
+        }
         // No shard opens once the table closes (it would never be closed).
         self.check_open()?;
         // Another put may have opened it meanwhile.
         let attempts = match cell.current() {
-            Some(Slot::Live(w)) => return Ok(w),
+            Some(Slot::Live(w)) => return Ok(Some(w)),
             Some(slot @ Slot::Down { .. }) if self.due(&slot) => match slot {
                 Slot::Down { attempts, .. } => attempts + 1,
                 _ => unreachable!(),
@@ -467,7 +524,7 @@ impl TableHost {
                 }
                 let w = Arc::new(w);
                 cell.set(Slot::Live(w.clone()));
-                Ok(w)
+                Ok(Some(w))
             }
             Err(ServerError::Writer { source, .. }) => {
                 let slot = match source {
@@ -557,6 +614,58 @@ impl TableHost {
         }
     }
 
+    /// Sets the caps on open shards (see [`ShardLimits`]).
+    pub fn set_shard_limits(&self, limits: ShardLimits) {
+        *self.shard_limits.lock() = limits;
+    }
+
+    /// Flushes, closes and forgets every live shard no rows arrived for in
+    /// `idle_close` (the host's monitor calls this). Rows for such a shard
+    /// wait while it closes, then open it again. A close that fails leaves
+    /// its rows in the WAL, where the next open replays them. Returns how
+    /// many shards closed.
+    pub async fn close_idle_shards(&self) -> usize {
+        let Some(idle) = self.shard_limits.lock().idle_close else {
+            return 0;
+        };
+        let mut closed = 0;
+        for (key, cell) in self.slots.cells() {
+            if cell.idle_for() < idle || !matches!(cell.current(), Some(Slot::Live(_))) {
+                continue;
+            }
+            // A shard opening or closing now is not idle.
+            let Ok(_turn) = cell.opening.try_lock() else {
+                continue;
+            };
+            if cell.idle_for() < idle || self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                continue;
+            }
+            let Some(Slot::Live(w)) = cell.current() else {
+                continue;
+            };
+            cell.take();
+            let shard = w.shard();
+            match w.close().await {
+                Ok(()) => tracing::info!(table = %self.name, %shard, "idle shard closed"),
+                Err(e) => tracing::warn!(table = %self.name, %shard, error = %e,
+                    "idle shard's close failed; its rows stay in the WAL for the next open"),
+            }
+            metrics::counter!("memwal_server_idle_shards_closed_total", "table" => self.name.clone())
+                .increment(1);
+            self.slots.remove_if_empty(&key, &cell);
+            closed += 1;
+        }
+        closed
+    }
+
+    /// Sets every live writer's gauges again (the daemon's metrics drop
+    /// series not updated for a while; see [`ShardWriter::refresh_gauges`]).
+    pub fn refresh_gauges(&self) {
+        for w in self.slots.live() {
+            w.refresh_gauges();
+        }
+    }
+
     /// Reopens every shard that is down and due (the host's monitor calls
     /// this; puts reopen a due shard too). Returns how many stay down.
     pub async fn reopen_down_shards(&self) -> usize {
@@ -572,9 +681,10 @@ impl TableHost {
         still_down
     }
 
-    /// Runs [`Self::reopen_down_shards`] every `every` in a task of its
-    /// own until `stop` turns true (the daemon's shutdown): a shard that
-    /// went down comes back without waiting for its next put.
+    /// Runs [`Self::reopen_down_shards`], [`Self::close_idle_shards`] and
+    /// [`Self::refresh_gauges`] every `every` in a task of its own until
+    /// `stop` turns true (the daemon's shutdown): a shard that went down
+    /// comes back without waiting for its next put, and an idle one goes.
     pub fn spawn_reopener(
         self: &Arc<Self>,
         every: std::time::Duration,
@@ -593,6 +703,8 @@ impl TableHost {
                     let down = host.reopen_down_shards().await;
                     metrics::gauge!("memwal_server_shards_down", "table" => host.name.clone())
                         .set(down as f64);
+                    host.close_idle_shards().await;
+                    host.refresh_gauges();
                 }
             },
             span,

@@ -586,3 +586,95 @@ async fn flush_actions_are_rate_limited() {
     drop(host.begin_flush().unwrap());
     host.close().await.unwrap();
 }
+
+/// An `identity(id)` table (one shard per id value), `id` int64 key, `v` utf8.
+async fn identity_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation {
+    let path = dir.path().join("t").to_str().unwrap().to_string();
+    let loc = memwal_store::open_store(&path).unwrap();
+    let key = Field::new("id", DataType::Int64, false).with_metadata(
+        [(
+            "lance-schema:unenforced-primary-key".to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    let schema = Arc::new(Schema::new(vec![
+        key,
+        Field::new("v", DataType::Utf8, true),
+    ]));
+    let sharding = TableSharding::Identity {
+        column: "id".into(),
+    };
+    create_table(&loc, schema, &sharding).await.unwrap();
+    loc
+}
+
+// Breaks if identity sharding opens shards without bound (each new value
+// claims a shard with its tasks, memtable and metric series, kept
+// forever): past `max_open` a batch touching a new value must be
+// RESOURCE_EXHAUSTED naming the cap with nothing of it written; idle
+// shards must be flushed, closed and forgotten, which frees the cap, their
+// rows intact; a row for a closed shard opens it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_shards_are_capped_and_idle_ones_close() {
+    use memwal_server::ShardLimits;
+    let dir = tempfile::tempdir().unwrap();
+    let loc = identity_table(&dir).await;
+    let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let limits = |idle: u64| ShardLimits {
+        max_open: 2,
+        idle_close: Some(std::time::Duration::from_secs(idle)),
+    };
+    host.set_shard_limits(limits(3600));
+    host.write(&rows(&[1]), false).await.unwrap();
+    host.write(&rows(&[2]), false).await.unwrap();
+    let e = host.write(&tagged(&[1, 3], "x"), false).await.unwrap_err();
+    assert!(!e.may_be_durable(), "{e}");
+    assert!(e.to_string().contains("max_open_shards"), "{e}");
+    assert_eq!(
+        tonic::Status::from(e).code(),
+        tonic::Code::ResourceExhausted
+    );
+    assert_eq!(host.status().await.len(), 2, "no third shard");
+    assert_eq!(host.close_idle_shards().await, 0, "nothing is idle yet");
+
+    host.set_shard_limits(limits(0));
+    assert_eq!(host.close_idle_shards().await, 2);
+    assert!(
+        host.status().await.is_empty(),
+        "closed shards are forgotten"
+    );
+    host.set_shard_limits(limits(3600));
+    host.write(&tagged(&[3], "x"), false).await.unwrap();
+    host.write(&tagged(&[1], "y"), false).await.unwrap();
+    assert_eq!(host.status().await.len(), 2);
+    host.close().await.unwrap();
+
+    let compactor = memwal_compactor::Compactor::new(loc, Default::default());
+    for r in compactor.run_once().await.unwrap() {
+        r.unwrap();
+    }
+    let ds = lance::Dataset::open(dir.path().join("t").to_str().unwrap())
+        .await
+        .unwrap();
+    let batches: Vec<RecordBatch> =
+        futures::TryStreamExt::try_collect(ds.scan().try_into_stream().await.unwrap())
+            .await
+            .unwrap();
+    let mut got = std::collections::BTreeMap::new();
+    for b in &batches {
+        let ids = arrow_array::cast::AsArray::as_primitive::<arrow_array::types::Int64Type>(
+            b.column_by_name("id").unwrap(),
+        );
+        let vs = arrow_array::cast::AsArray::as_string::<i32>(b.column_by_name("v").unwrap());
+        for i in 0..b.num_rows() {
+            got.insert(ids.value(i), vs.value(i).to_string());
+        }
+    }
+    let want: std::collections::BTreeMap<i64, String> = [(1, "y1"), (2, "v2"), (3, "x3")]
+        .map(|(k, v)| (k, v.to_string()))
+        .into();
+    assert_eq!(got, want);
+}

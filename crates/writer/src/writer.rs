@@ -418,6 +418,16 @@ impl ShardWriter {
         self.inner.abort_tasks();
     }
 
+    /// Sets the writer's gauges (epoch, unflushed bytes) again with their
+    /// current values. A process whose metrics exporter drops series not
+    /// updated for a while (the daemon does, so closed shards' series go)
+    /// calls this periodically to keep a live, quiet writer's gauges.
+    pub fn refresh_gauges(&self) {
+        let inner = &self.inner;
+        inner.ctx.meters.epoch.set(inner.epoch as f64);
+        inner.record_unflushed(&inner.state.lock());
+    }
+
     /// A snapshot of the writer's state.
     pub fn stats(&self) -> WriterStats {
         let inner = &self.inner;
