@@ -16,6 +16,7 @@
 //! index_catchup_secs = 0         #   at most this often (0: every cycle)
 //! drain_secs = 10                # after SIGTERM, in-flight calls get this long
 //! max_streams = 256              # ingest calls open at once (RESOURCE_EXHAUSTED past it)
+//! max_connections = 512          # Flight connections open at once (more are closed on accept)
 //! max_decoded_mib_in_flight = 1024  # decoded message bytes held at once, MiB
 //! first_message_secs = 30        # a new ingest call must send its first message by then
 //! min_flush_interval_ms = 1000   # `flush` actions start at most this often per table
@@ -37,7 +38,7 @@
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
-//! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
+//! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_CONNECTIONS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
 //! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, `MEMWAL_MAX_OPEN_SHARDS`, `MEMWAL_SHARD_IDLE_SECS`, //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
 //! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
@@ -86,6 +87,8 @@ pub struct ServeConfig {
     pub drain_secs: u64,
     /// Ingest calls open at once.
     pub max_streams: usize,
+    /// Flight connections open at once; one more is closed on accept.
+    pub max_connections: usize,
     /// Decoded message bytes all calls hold at once, in MiB.
     pub max_decoded_mib_in_flight: usize,
     /// Seconds a new ingest call may take to send its first message.
@@ -129,6 +132,7 @@ impl Default for ServeConfig {
             index_catchup_secs: 0,
             drain_secs: 10,
             max_streams: 256,
+            max_connections: 512,
             max_decoded_mib_in_flight: 1024,
             first_message_secs: 30,
             min_flush_interval_ms: 1000,
@@ -194,6 +198,10 @@ pub struct ServeArgs {
     /// [default: 256].
     #[arg(long)]
     pub max_streams: Option<usize>,
+    /// Flight connections open at once; one more is closed on accept
+    /// [default: 512].
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// Decoded message bytes all ingest calls may hold at once, in MiB
     /// (a message past it is refused with RESOURCE_EXHAUSTED) [default: 1024].
     #[arg(long)]
@@ -301,6 +309,9 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(n) = args.max_streams {
         put("max_streams", n.into());
     }
+    if let Some(n) = args.max_connections {
+        put("max_connections", n.into());
+    }
     if let Some(n) = args.max_decoded_mib_in_flight {
         put("max_decoded_mib_in_flight", n.into());
     }
@@ -364,6 +375,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "index_catchup_secs",
             "drain_secs",
             "max_streams",
+            "max_connections",
             "max_decoded_mib_in_flight",
             "first_message_secs",
             "min_flush_interval_ms",
@@ -400,6 +412,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
     }
     for (key, zero) in [
         ("max_streams", config.max_streams == 0),
+        ("max_connections", config.max_connections == 0),
         (
             "max_decoded_mib_in_flight",
             config.max_decoded_mib_in_flight == 0,

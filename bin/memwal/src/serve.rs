@@ -205,7 +205,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
                 .max_encoding_message_size(MAX_FLIGHT_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(incoming),
+            memwal_server::limited_incoming(incoming, args.max_connections),
             async move {
                 let _ = flight_stop.wait_for(|s| *s).await;
             },

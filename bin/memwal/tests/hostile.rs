@@ -550,3 +550,53 @@ async fn past_its_limits_the_daemon_refuses_and_keeps_serving() {
     );
     d.stop_ok();
 }
+
+// Breaks if the daemon takes connections without bound (each idle TCP
+// connection holds a task and buffers for as long as a client keeps it):
+// past `--max-connections` a connection is closed on accept, the ones
+// already open keep being served, and once one closes a new one is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_a_connection_is_closed_and_the_daemon_serves_on() {
+    use std::io::Read;
+    let (_dir, t) = table();
+    let mut d = Daemon::start(&t, &["--max-connections", "2"]);
+    // Two connections held open (one idle, one a Flight client).
+    let idle = std::net::TcpStream::connect(&d.flight).unwrap();
+    let mut c = client(&d.flight, None).await;
+    put(&mut c, &["t"], vec![rows(&[1], "a")]).await.unwrap();
+    // A third is closed at once: its read ends (EOF or reset), no hang.
+    let mut third = std::net::TcpStream::connect(&d.flight).unwrap();
+    third
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    match third.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("a third connection was served: {other:?}"),
+    }
+    // The open client is still served.
+    put(&mut c, &["t"], vec![rows(&[2], "b")]).await.unwrap();
+    // Once the idle one closes, a new client gets in (polled: the daemon
+    // sees the close asynchronously).
+    drop(idle);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let channel = tonic::transport::Channel::from_shared(format!("http://{}", d.flight))
+            .unwrap()
+            .connect()
+            .await;
+        if let Ok(channel) = channel {
+            let mut c2 = FlightClient::new(channel);
+            if put(&mut c2, &["t"], vec![rows(&[3], "c")]).await.is_ok() {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no connection taken after one closed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    alive(&mut d);
+}

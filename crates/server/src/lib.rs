@@ -7,6 +7,7 @@
 #![recursion_limit = "256"]
 
 mod auth;
+mod conns;
 mod decode;
 mod error;
 mod flight;
@@ -16,6 +17,7 @@ mod sql;
 mod table;
 
 pub use arrow_flight::flight_service_server::FlightServiceServer;
+pub use conns::{limited_incoming, LimitedConnection};
 pub use decode::IngestLimits;
 pub use error::{FailedPart, ServerError};
 pub use flight::IngestService;
