@@ -673,3 +673,40 @@ async fn an_idle_shard_is_closed_and_its_series_dropped() {
         .into();
     assert_eq!(base_rows(&table).await, want);
 }
+
+// Breaks if a panic in a shard writer's flusher goes unseen: the writer
+// must turn terminal with the panic as its error, so a `flush` action ends
+// with an error instead of waiting for ever, /status names the panic, and
+// the acknowledged rows stay durable (the next daemon replays them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flusher_panic_fails_its_shard_visibly() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::try_launch(
+        &table,
+        &["--no-compactor"],
+        &[("FAILPOINTS", "writer::before_publish=1*panic")],
+    )
+    .expect("daemon ended before serving");
+    let mut c = client(&d.flight, None).await;
+    let ids: Vec<i64> = (0..20).collect();
+    put(&mut c, &["t"], vec![rows(&ids, "a")]).await.unwrap();
+    let flush = async {
+        c.do_action(arrow_flight::Action::new("flush", "t"))
+            .await?
+            .try_collect::<Vec<_>>()
+            .await
+    };
+    let flushed = tokio::time::timeout(std::time::Duration::from_secs(60), flush)
+        .await
+        .expect("the flush action waited a minute on a flusher that had panicked");
+    assert!(flushed.is_err(), "a flush whose flusher panicked succeeded");
+    let (_, status) = http_fetch(&d.http, "/status", None);
+    assert!(status.contains("the flusher panicked"), "{status}");
+    let _ = d.stop();
+    Daemon::start(&table, &[]).stop_ok();
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(base_rows(&table).await.len(), ids.len());
+}

@@ -327,6 +327,25 @@ async fn write_retrying(
     }
 }
 
+/// [`flusher`], watched: if it panics, the panic becomes the writer's
+/// terminal error. Otherwise the writer would never turn terminal, a
+/// waiting `flush` or backpressured put would wait on a flusher that is
+/// gone, and the next freeze would report only that it is not running.
+pub(crate) async fn monitored_flusher(inner: Arc<Inner>, jobs: UnboundedReceiver<Job>) {
+    use futures::FutureExt;
+    let run = std::panic::AssertUnwindSafe(flusher(inner.clone(), jobs));
+    if let Err(panic) = run.catch_unwind().await {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".into());
+        inner.fail(Error::Corrupt {
+            reason: format!("the flusher panicked: {what}"),
+        });
+    }
+}
+
 /// Background task: takes the jobs in generation order and publishes each
 /// once written, so generation g+1 is never published while g is not.
 /// Any non-retryable failure makes the writer terminal.

@@ -186,7 +186,7 @@ async fn open_inner(
         backpressure_waits: AtomicU64::new(0),
     });
     inner.tasks.lock().push(tokio::spawn(
-        crate::flush::flusher(inner.clone(), jobs_rx)
+        crate::flush::monitored_flusher(inner.clone(), jobs_rx)
             .instrument(tracing::info_span!("flusher", %shard, epoch)),
     ));
     let writer = ShardWriter { inner };
