@@ -6,6 +6,7 @@ pub type Result<T, E = CompactorError> = std::result::Result<T, E>;
 /// Why table setup, compaction or a reader view failed. Every variant names
 /// the table (and the shard or SSTable where one is involved).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CompactorError {
     /// The request or the table's declaration is unusable (bad schema, bad
     /// sharding spec, a table without the `__lance_mem_wal` index asked to

@@ -5,6 +5,7 @@ use tonic::{Code, Status};
 /// Why a request or the server failed. Every variant names the table (and
 /// the shard where one is involved).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ServerError {
     /// No table of that name is served.
     #[error("no table `{0}` is served here")]
@@ -221,6 +222,9 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
             memwal::Error::Storage { .. } => Code::Unavailable,
             // Stored state that does not decode: retrying cannot help.
             memwal::Error::Corrupt { .. } => Code::DataLoss,
+            // A kind added later (the enum is non-exhaustive): never a
+            // definite code until it is mapped here.
+            _ => Code::Unavailable,
         },
     }
 }

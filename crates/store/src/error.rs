@@ -5,6 +5,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 
 /// Failures of the object-store layer. Every variant names the URI or path.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The table URI could not be turned into a store.
     #[error("invalid table URI `{uri}`: {reason}")]

@@ -26,6 +26,7 @@ pub type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// terminal; rows acknowledged before stay in the WAL and the next writer
 /// replays them.)
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A newer writer owns the shard. Terminal: every later call returns it.
     #[error("shard {shard} is fenced: this writer holds epoch {local_epoch}, found epoch {stored_epoch} ({context})")]
