@@ -710,3 +710,39 @@ async fn a_flusher_panic_fails_its_shard_visibly() {
     assert!(ok, "{out}{err}");
     assert_eq!(base_rows(&table).await.len(), ids.len());
 }
+
+// Breaks if a user cannot read back with SQL what they just wrote, through
+// ADBC's Flight SQL driver with no custom code (`cursor.execute` begins
+// with a prepared statement): the first query must see unflushed rows,
+// later ones the overwrite and the delete (newest value only, the deleted
+// keys absent, no key twice), and a bad query must be refused with
+// INVALID_ARGUMENT naming the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adbc_reads_back_what_it_wrote_at_once_with_sql() {
+    let Some(python) = test_python("ADBC query") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(&table, &[]);
+    let out = run_python(&python, "adbc_query.py", &[&d.flight, "t"]);
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(got["key_4_first"], serde_json::json!([["a-4"]]), "{got}");
+    assert_eq!(got["key_4"], serde_json::json!([["b-4"]]), "{got}");
+    assert_eq!(got["count"], 8, "{got}");
+    let want: Vec<serde_json::Value> = [0, 1, 2, 3, 4, 7, 8, 9]
+        .iter()
+        .map(|&i| {
+            let tag = if i < 5 { "b" } else { "a" };
+            serde_json::json!([i, format!("{tag}-{i}")])
+        })
+        .collect();
+    assert_eq!(got["rows"], serde_json::Value::Array(want), "{got}");
+    let bad = got["bad_query"].as_str().unwrap_or_else(|| panic!("{got}"));
+    assert!(
+        bad.contains("INVALID_ARGUMENT") || bad.contains("InvalidArgument") || bad.contains("nope"),
+        "{bad}"
+    );
+    d.stop_ok();
+}

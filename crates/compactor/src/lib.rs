@@ -1,4 +1,4 @@
-//! MemWAL compaction (MEMWAL.md "Compaction into the base table"): the
+//! MemWAL compaction (docs/memwal-format.md "Compaction into the base table"): the
 //! published SSTables of every shard merged into the base Lance table in
 //! generation order, each commit advancing `compacted_sstables` of the
 //! `__lance_mem_wal` index for the generation whose last rows it carries.

@@ -1,4 +1,4 @@
-//! Where a shard's objects live under the table root (MEMWAL.md "Layout").
+//! Where a shard's objects live under the table root (docs/memwal-format.md "Layout").
 
 use object_store::path::Path;
 
@@ -78,7 +78,7 @@ impl ShardLayout {
 mod tests {
     use super::*;
 
-    // Breaks if the bit order or width differs from MEMWAL.md's example.
+    // Breaks if the bit order or width differs from docs/memwal-format.md's example.
     #[test]
     fn bitrev64_matches_the_spec_example() {
         assert_eq!(bitrev64(5), format!("101{}", "0".repeat(61)));

@@ -1,4 +1,4 @@
-//! Shard manifests and epoch fencing for MemWAL (MEMWAL.md "Shard manifest").
+//! Shard manifests and epoch fencing for MemWAL (docs/memwal-format.md "Shard manifest").
 //!
 //! A shard's state lives in immutable, gap-free manifest versions written
 //! with put-if-not-exists. [`ManifestStore`] finds the latest version,

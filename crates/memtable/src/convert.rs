@@ -84,7 +84,7 @@ impl TableSchema {
         }
     }
 
-    /// Converts a batch read back from a WAL (MEMWAL.md "WAL") to storage
+    /// Converts a batch read back from a WAL (docs/memwal-format.md "WAL") to storage
     /// form, reusing its arrays. Only for replay: the entry may have been
     /// written by another implementation or under an older version of the
     /// table's schema, so the match is lenient where

@@ -1,4 +1,4 @@
-//! Draining a frozen memtable for its SSTable (MEMWAL.md "SSTable").
+//! Draining a frozen memtable for its SSTable (docs/memwal-format.md "SSTable").
 
 use std::sync::Arc;
 

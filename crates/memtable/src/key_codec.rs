@@ -1,4 +1,4 @@
-//! Primary-key codec (MEMWAL.md "SSTable"): the order-preserving binary
+//! Primary-key codec (docs/memwal-format.md "SSTable"): the order-preserving binary
 //! tuple encoding used for the memtable index and a composite `_pk_index`,
 //! and the 64-bit bloom-filter hash upstream lance computes for a key.
 //!

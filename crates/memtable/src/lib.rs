@@ -1,4 +1,4 @@
-//! The MemWAL memtable (MEMWAL.md "Rows, keys, deletes" and "SSTable").
+//! The MemWAL memtable (docs/memwal-format.md "Rows, keys, deletes" and "SSTable").
 //!
 //! - [`TableSchema`]: the base table's columns, field ids and primary key,
 //!   and the derived storage schema (`_tombstone` appended).

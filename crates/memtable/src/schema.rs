@@ -1,5 +1,5 @@
 //! The table schema and the storage schema derived from it
-//! (MEMWAL.md "WAL" and "Rows, keys, deletes").
+//! (docs/memwal-format.md "WAL" and "Rows, keys, deletes").
 
 use std::collections::HashSet;
 use std::sync::Arc;

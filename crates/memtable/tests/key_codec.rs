@@ -17,7 +17,7 @@ fn enc(values: &[KeyValue<'_>]) -> Vec<u8> {
     encoded_key(values)
 }
 
-/// Exact bytes from MEMWAL.md for a few values. Breaks if the sign bit is
+/// Exact bytes from docs/memwal-format.md for a few values. Breaks if the sign bit is
 /// not flipped, widths are not 8 bytes, or the tags/terminator differ.
 #[test]
 fn encoding_bytes_match_the_spec() {

@@ -331,7 +331,7 @@ fn append_only_tables_keep_every_row() {
 
 /// The storage schema: field ids on every table column, non-key columns
 /// nullable, key metadata kept, `_tombstone` last (non-null, no id). Breaks
-/// if any of these properties of MEMWAL.md's storage schema is lost.
+/// if any of these properties of docs/memwal-format.md's storage schema is lost.
 #[test]
 fn storage_schema_shape() {
     let ts = table(int_table());

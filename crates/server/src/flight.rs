@@ -160,7 +160,9 @@ impl FlightService for IngestService {
     ) -> Result<Response<FlightInfo>, Status> {
         self.authorize(&request)?;
         if is_command(request.get_ref()) {
-            return Ok(Response::new(sql::flight_info(request.get_ref())?));
+            return Ok(Response::new(
+                sql::flight_info(&self.tables, request.get_ref()).await?,
+            ));
         }
         let (t, _) = self.target(request.get_ref())?;
         Ok(Response::new(flight_info(t.name(), t.schema())?))
@@ -179,9 +181,9 @@ impl FlightService for IngestService {
     ) -> Result<Response<SchemaResult>, Status> {
         self.authorize(&request)?;
         if is_command(request.get_ref()) {
-            return Ok(Response::new(schema_result(&sql::schema(
-                request.get_ref(),
-            )?)?));
+            return Ok(Response::new(schema_result(
+                &sql::schema(&self.tables, request.get_ref()).await?,
+            )?));
         }
         let (t, delete) = self.target(request.get_ref())?;
         let schema = if delete { t.key_schema() } else { t.schema() };
@@ -193,13 +195,9 @@ impl FlightService for IngestService {
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.authorize(&request)?;
-        match sql::do_get(request.get_ref()) {
-            Ok(stream) => Ok(Response::new(stream)),
-            Err(e) if e.code() == tonic::Code::InvalidArgument => Err(Status::unimplemented(
-                "do_get serves only Flight SQL's GetSqlInfo: memwal ingests; read tables with lance",
-            )),
-            Err(e) => Err(e),
-        }
+        sql::do_get(&self.tables, request.get_ref())
+            .await
+            .map(Response::new)
     }
 
     async fn do_put(
@@ -276,6 +274,12 @@ impl FlightService for IngestService {
     ) -> Result<Response<Self::DoActionStream>, Status> {
         self.authorize(&request)?;
         let action = request.into_inner();
+        if let Some(results) = sql::action(&self.tables, &action.r#type, &action.body).await {
+            let results = results?;
+            return Ok(Response::new(Box::pin(futures::stream::iter(
+                results.into_iter().map(Ok),
+            ))));
+        }
         let name = String::from_utf8(action.body.to_vec())
             .map_err(|_| Status::invalid_argument("the action body is the table name (UTF-8)"))?;
         let t = self.table(&name)?;

@@ -12,6 +12,8 @@ mod decode;
 mod error;
 mod flight;
 pub mod http;
+mod query;
+mod read;
 mod slots;
 mod sql;
 mod table;
@@ -21,6 +23,7 @@ pub use conns::{limited_incoming, LimitedConnection};
 pub use decode::IngestLimits;
 pub use error::{FailedPart, ServerError};
 pub use flight::IngestService;
+pub use query::{QUERY_MEMORY_BYTES, QUERY_TIMEOUT};
 pub use table::{
     FlushTurn, PartAck, ShardKey, ShardLimits, ShardStatus, TableHost, MIN_FLUSH_INTERVAL,
 };

@@ -1,7 +1,10 @@
 //! The Flight SQL subset memwal speaks: bulk ingest
-//! (`CommandStatementIngest`, what ADBC's `adbc_ingest` sends) and
-//! `CommandGetSqlInfo` (which advertises it). memwal runs no SQL; every
-//! other Flight SQL command is refused with `UNIMPLEMENTED` naming it.
+//! (`CommandStatementIngest`, what ADBC's `adbc_ingest` sends), queries
+//! (`CommandStatementQuery`, and prepared statements: create, execute
+//! through `GetFlightInfo` / `DoGet`, close; what ADBC's `cursor.execute`
+//! sends; see [`crate::query`]) and `CommandGetSqlInfo` (which advertises
+//! both). Every other Flight SQL command is refused with `UNIMPLEMENTED`
+//! naming it.
 //!
 //! An ingest appends to a served table: upserts, last write wins by primary
 //! key (append-only tables: plain appends). Its one result, the row count,
@@ -13,8 +16,9 @@ use std::sync::{Arc, OnceLock};
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::{
-    Any, Command, CommandGetSqlInfo, CommandStatementIngest, DoPutUpdateResult, ProstMessageExt,
-    SqlInfo, SqlSupportedTransaction, TableExistsOption,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any, Command,
+    CommandStatementIngest, DoPutUpdateResult, ProstMessageExt, SqlInfo, SqlSupportedTransaction,
+    TableExistsOption, TicketStatementQuery,
 };
 use arrow_flight::{FlightData, FlightDescriptor, FlightEndpoint, FlightInfo, PutResult, Ticket};
 use bytes::Bytes;
@@ -34,7 +38,7 @@ fn sql_info() -> &'static SqlInfoData {
         b.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
         b.append(SqlInfo::FlightSqlServerArrowVersion, "58");
         b.append(SqlInfo::FlightSqlServerReadOnly, false);
-        b.append(SqlInfo::FlightSqlServerSql, false);
+        b.append(SqlInfo::FlightSqlServerSql, true);
         b.append(SqlInfo::FlightSqlServerSubstrait, false);
         b.append(
             SqlInfo::FlightSqlServerTransaction,
@@ -57,54 +61,143 @@ pub(crate) fn command(bytes: &[u8]) -> Result<Command, Status> {
 
 fn unsupported(cmd: &Command) -> Status {
     Status::unimplemented(format!(
-        "memwal speaks Flight SQL only for bulk ingest (CommandStatementIngest) and \
-         CommandGetSqlInfo, not `{}`; it runs no SQL (read tables with lance)",
+        "memwal speaks Flight SQL for bulk ingest (CommandStatementIngest), queries \
+         (CommandStatementQuery, prepared statements) and CommandGetSqlInfo, not `{}`",
         cmd.type_url()
     ))
 }
 
-/// `GetFlightInfo` for a command descriptor: only `CommandGetSqlInfo`.
-pub(crate) fn flight_info(descriptor: &FlightDescriptor) -> Result<FlightInfo, Status> {
-    match command(&descriptor.cmd)? {
-        Command::CommandGetSqlInfo(get) => {
-            let schema = get.clone().into_builder(sql_info()).schema();
-            let ticket = Ticket::new(get.as_any().encode_to_vec());
-            FlightInfo::new()
-                .try_with_schema(&schema)
-                .map_err(|e| Status::internal(e.to_string()))
-                .map(|i| {
-                    i.with_descriptor(descriptor.clone())
-                        .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
-                })
-        }
-        other => Err(unsupported(&other)),
-    }
+/// The SQL text a query command or ticket carries (a prepared statement's
+/// handle is its query).
+fn query_text(cmd: &Command) -> Option<Result<String, Status>> {
+    let bytes: &[u8] = match cmd {
+        Command::CommandStatementQuery(q) => return Some(Ok(q.query.clone())),
+        Command::CommandPreparedStatementQuery(p) => &p.prepared_statement_handle,
+        Command::TicketStatementQuery(t) => &t.statement_handle,
+        _ => return None,
+    };
+    Some(
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| Status::invalid_argument("a statement handle memwal did not issue")),
+    )
+}
+
+/// `GetFlightInfo` for a command descriptor: `CommandGetSqlInfo`, or a
+/// query (its result schema; the ticket runs it).
+pub(crate) async fn flight_info(
+    tables: &crate::query::Hosts,
+    descriptor: &FlightDescriptor,
+) -> Result<FlightInfo, Status> {
+    let cmd = command(&descriptor.cmd)?;
+    let (schema, ticket) = match &cmd {
+        Command::CommandGetSqlInfo(get) => (
+            get.clone().into_builder(sql_info()).schema(),
+            Ticket::new(get.as_any().encode_to_vec()),
+        ),
+        other => match query_text(other) {
+            Some(sql) => {
+                let sql = sql?;
+                let schema = crate::query::plan(tables, &sql).await?;
+                let ticket = TicketStatementQuery {
+                    statement_handle: Bytes::from(sql.into_bytes()),
+                };
+                (schema, Ticket::new(ticket.as_any().encode_to_vec()))
+            }
+            None => return Err(unsupported(other)),
+        },
+    };
+    FlightInfo::new()
+        .try_with_schema(&schema)
+        .map_err(|e| Status::internal(e.to_string()))
+        .map(|i| {
+            i.with_descriptor(descriptor.clone())
+                .with_endpoint(FlightEndpoint::new().with_ticket(ticket))
+        })
 }
 
 /// `GetSchema` for a command descriptor.
-pub(crate) fn schema(descriptor: &FlightDescriptor) -> Result<arrow_schema::SchemaRef, Status> {
+pub(crate) async fn schema(
+    tables: &crate::query::Hosts,
+    descriptor: &FlightDescriptor,
+) -> Result<arrow_schema::SchemaRef, Status> {
     match command(&descriptor.cmd)? {
         Command::CommandGetSqlInfo(get) => Ok(get.into_builder(sql_info()).schema()),
-        other => Err(unsupported(&other)),
+        other => match query_text(&other) {
+            Some(sql) => crate::query::plan(tables, &sql?).await,
+            None => Err(unsupported(&other)),
+        },
     }
 }
 
 /// `DoGet` of a ticket [`flight_info`] handed out.
-pub(crate) fn do_get(
+pub(crate) async fn do_get(
+    tables: &crate::query::Hosts,
     ticket: &Ticket,
 ) -> Result<futures::stream::BoxStream<'static, Result<FlightData, Status>>, Status> {
-    let get: CommandGetSqlInfo = match command(&ticket.ticket)? {
-        Command::CommandGetSqlInfo(get) => get,
-        other => return Err(unsupported(&other)),
+    let cmd = command(&ticket.ticket)?;
+    let (schema, batches) = match &cmd {
+        Command::CommandGetSqlInfo(get) => {
+            let batch = get
+                .clone()
+                .into_builder(sql_info())
+                .build()
+                .map_err(|e| Status::internal(e.to_string()))?;
+            (batch.schema(), vec![batch])
+        }
+        other => match query_text(other) {
+            Some(sql) => crate::query::run(tables, &sql?).await?,
+            None => return Err(unsupported(other)),
+        },
     };
-    let batch = get
-        .into_builder(sql_info())
-        .build()
-        .map_err(|e| Status::internal(e.to_string()))?;
     let stream = FlightDataEncoderBuilder::new()
-        .build(futures::stream::once(async { Ok(batch) }))
+        .with_schema(schema)
+        .build(futures::stream::iter(batches.into_iter().map(Ok)))
         .map_err(Status::from);
     Ok(stream.boxed())
+}
+
+/// The Flight SQL actions memwal answers (prepared statements), by type;
+/// `None` for any other action type.
+pub(crate) async fn action(
+    tables: &crate::query::Hosts,
+    kind: &str,
+    body: &[u8],
+) -> Option<Result<Vec<arrow_flight::Result>, Status>> {
+    let unpack = |body: &[u8]| {
+        Any::decode(body)
+            .map_err(|e| Status::invalid_argument(format!("{kind}: not a protobuf Any: {e}")))
+    };
+    match kind {
+        "CreatePreparedStatement" => Some(
+            async {
+                let req: ActionCreatePreparedStatementRequest = unpack(body)?
+                    .unpack()
+                    .map_err(|e| Status::invalid_argument(e.to_string()))?
+                    .ok_or_else(|| {
+                        Status::invalid_argument("CreatePreparedStatement: another message")
+                    })?;
+                let schema = crate::query::plan(tables, &req.query).await?;
+                let schema_bytes =
+                    arrow_flight::IpcMessage::try_from(arrow_flight::SchemaAsIpc::new(
+                        &schema,
+                        &arrow_ipc::writer::IpcWriteOptions::default(),
+                    ))
+                    .map_err(|e| Status::internal(e.to_string()))?;
+                let result = ActionCreatePreparedStatementResult {
+                    prepared_statement_handle: Bytes::from(req.query.into_bytes()),
+                    dataset_schema: schema_bytes.0,
+                    parameter_schema: Bytes::new(),
+                };
+                Ok(vec![arrow_flight::Result {
+                    body: result.as_any().encode_to_vec().into(),
+                }])
+            }
+            .await,
+        ),
+        // The handle is the query itself: nothing is held to release.
+        "ClosePreparedStatement" => Some(Ok(vec![])),
+        _ => None,
+    }
 }
 
 /// The table an ingest command targets, or why it cannot be served. memwal
@@ -209,6 +302,7 @@ fn after_durable(failure: Status, rows: i64, batches: u64) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_flight::sql::CommandGetSqlInfo;
     use arrow_flight::sql::TableDefinitionOptions;
     use arrow_flight::sql::TableNotExistOption;
     use tonic::Code;
@@ -245,8 +339,8 @@ mod tests {
         assert_eq!(code(&cat), Code::InvalidArgument);
     }
 
-    #[test]
-    fn sql_info_advertises_bulk_ingest_and_no_sql() {
+    #[tokio::test]
+    async fn sql_info_advertises_bulk_ingest_and_sql_and_queries_plan() {
         let get = CommandGetSqlInfo {
             info: vec![
                 SqlInfo::FlightSqlServerBulkIngestion as u32,
@@ -260,12 +354,34 @@ mod tests {
             command(&ticket.ticket).unwrap(),
             Command::CommandGetSqlInfo(_)
         ));
-        let query = arrow_flight::sql::CommandStatementQuery {
-            query: "select 1".into(),
-            transaction_id: None,
+        let tables = crate::query::Hosts::new();
+        let query = |q: &str| {
+            FlightDescriptor::new_cmd(
+                arrow_flight::sql::CommandStatementQuery {
+                    query: q.into(),
+                    transaction_id: None,
+                }
+                .as_any()
+                .encode_to_vec(),
+            )
         };
-        let err = schema(&FlightDescriptor::new_cmd(query.as_any().encode_to_vec())).unwrap_err();
+        let s = schema(&tables, &query("select 1 as one")).await.unwrap();
+        assert_eq!(s.field(0).name(), "one");
+        let err = schema(&tables, &query("select * from nowhere"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        assert!(err.message().contains("nowhere"), "{err}");
+        let err = schema(&tables, &query("create table x (a int)"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+        let catalogs = FlightDescriptor::new_cmd(
+            arrow_flight::sql::CommandGetCatalogs {}
+                .as_any()
+                .encode_to_vec(),
+        );
+        let err = schema(&tables, &catalogs).await.unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented);
-        assert!(err.message().contains("CommandStatementQuery"), "{err}");
     }
 }

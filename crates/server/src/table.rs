@@ -103,7 +103,7 @@ impl ShardStatus {
 /// A table the daemon serves.
 pub struct TableHost {
     name: String,
-    loc: StoreLocation,
+    pub(crate) loc: StoreLocation,
     schema: SchemaRef,
     key_schema: SchemaRef,
     /// Validates whole batches before they are split (a bad row must fail
@@ -954,6 +954,11 @@ impl TableHost {
     }
 
     async fn live(&self) -> Vec<Arc<ShardWriter>> {
+        self.slots.live()
+    }
+
+    /// The writers this host holds now (readers add their memtables).
+    pub(crate) fn live_writers(&self) -> Vec<Arc<ShardWriter>> {
         self.slots.live()
     }
 

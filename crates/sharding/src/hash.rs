@@ -1,4 +1,4 @@
-//! The 32-bit bucket hash of MEMWAL.md "Sharding" (a Murmur3-style mix with
+//! The 32-bit bucket hash of docs/memwal-format.md "Sharding" (a Murmur3-style mix with
 //! seed 0; every operation wraps at 32 bits, shifts are logical).
 
 fn mix_k1(k: u32) -> u32 {

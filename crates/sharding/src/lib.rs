@@ -1,4 +1,4 @@
-//! Which shard a row belongs to (MEMWAL.md "Sharding").
+//! Which shard a row belongs to (docs/memwal-format.md "Sharding").
 //!
 //! A [`ShardRouter`] binds a `ShardingSpec` (`unsharded`, `bucket`,
 //! `identity` transforms) to a table schema and computes each row's shard
@@ -104,7 +104,7 @@ mod tests {
 
     // Breaks if any step of the hash (mixing constants, rotations, logical
     // shifts, the sign extension of leftover bytes, canonical float bits)
-    // differs from MEMWAL.md: these are the spec's own vectors.
+    // differs from docs/memwal-format.md: these are the spec's own vectors.
     #[test]
     fn bucket_ids_match_the_spec_vectors() {
         assert_eq!(

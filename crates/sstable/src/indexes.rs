@@ -1,5 +1,5 @@
 //! The base table's maintained indexes, carried by every SSTable
-//! (MEMWAL.md "Maintained indexes").
+//! (docs/memwal-format.md "Maintained indexes").
 //!
 //! Upstream's LSM planners search a flushed generation only through that
 //! generation's own index (vector search with `fast_search`): a generation

@@ -1,4 +1,4 @@
-//! MemWAL SSTables (MEMWAL.md "SSTable"): a frozen memtable flushed as a
+//! MemWAL SSTables (docs/memwal-format.md "SSTable"): a frozen memtable flushed as a
 //! Lance dataset directory `{random8hex}_gen_{g}` under the shard directory,
 //! with a bloom filter (`bloom_filter.bin`) and a primary-key BTree
 //! (`_pk_index/`) that upstream lance's LSM scanner and point-lookup planner

@@ -1,4 +1,4 @@
-//! The base table a MemWAL belongs to (MEMWAL.md "Compaction into the base
+//! The base table a MemWAL belongs to (docs/memwal-format.md "Compaction into the base
 //! table"): its schema with Lance field ids and primary key, its data
 //! storage version, and the configuration the `__lance_mem_wal` system
 //! index carries (sharding specs, writer defaults, compaction progress).

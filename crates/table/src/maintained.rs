@@ -1,4 +1,4 @@
-//! Which of the base table's indexes every SSTable carries (MEMWAL.md
+//! Which of the base table's indexes every SSTable carries (docs/memwal-format.md
 //! "Maintained indexes"), resolved as upstream's writer resolves them:
 //!
 //! - `maintain_all_indexes` set: every index of the base table but the

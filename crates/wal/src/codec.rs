@@ -1,4 +1,4 @@
-//! WAL entry bytes: one Arrow IPC stream per entry (MEMWAL.md "WAL").
+//! WAL entry bytes: one Arrow IPC stream per entry (docs/memwal-format.md "WAL").
 //!
 //! The stream's schema metadata carries `writer_epoch` (decimal),
 //! `generation` (decimal; absent in upstream's WAL-only mode) and, for a

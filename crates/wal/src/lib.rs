@@ -1,4 +1,4 @@
-//! The MemWAL write-ahead log of one shard (MEMWAL.md "WAL").
+//! The MemWAL write-ahead log of one shard (docs/memwal-format.md "WAL").
 //!
 //! - [`codec`]: one Arrow IPC stream per entry with `writer_epoch`,
 //!   `generation` and `fence_sentinel` schema metadata; decodes upstream's

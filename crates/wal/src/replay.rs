@@ -1,4 +1,4 @@
-//! Reading the WAL back after a claim (MEMWAL.md "WAL": recovery).
+//! Reading the WAL back after a claim (docs/memwal-format.md "WAL": recovery).
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;

@@ -1,4 +1,4 @@
-//! Finding the last entry of a WAL (MEMWAL.md "WAL": recovery probes for
+//! Finding the last entry of a WAL (docs/memwal-format.md "WAL": recovery probes for
 //! the real tail; the search never starts below the replay cursor).
 
 use memwal_fencing::ShardManifest;

@@ -1,4 +1,4 @@
-//! `memwal`: the embedded shard writer of a MemWAL table (MEMWAL.md).
+//! `memwal`: the embedded shard writer of a MemWAL table (docs/memwal-format.md).
 //!
 //! A [`ShardWriter`] owns one shard of a Lance table at a time (epoch
 //! fencing through the shard manifest). Rows are acknowledged only once
@@ -51,4 +51,4 @@ pub use memwal_store::{RetryPolicy, StoreLocation};
 pub use open::TableLocation;
 pub use put::PutHandle;
 pub use stats::WriterStats;
-pub use writer::{PreparedPut, ShardWriter};
+pub use writer::{PreparedPut, ReadSnapshot, ShardWriter};

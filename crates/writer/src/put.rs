@@ -86,7 +86,7 @@ pub(crate) fn validate_put(inner: &Inner, batch: &RecordBatch) -> Result<RecordB
 }
 
 /// The tombstone batch for `keys`, checked against the shard (the sharding
-/// columns must be key columns for deletes to route; MEMWAL.md: every
+/// columns must be key columns for deletes to route; docs/memwal-format.md: every
 /// primary key maps to exactly one shard).
 pub(crate) fn validate_delete(inner: &Inner, keys: &RecordBatch) -> Result<RecordBatch> {
     inner.state.lock().check_usable()?;

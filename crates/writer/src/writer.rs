@@ -308,6 +308,27 @@ impl ShardWriter {
             .await
     }
 
+    /// A consistent read of what this writer holds, for readers that add
+    /// it to the published view: the highest generation published and, in
+    /// the same instant, every physical row not yet published (as
+    /// [`Self::unflushed_batches`]). Reading SSTables up to
+    /// `published_generation` and then these rows in order gives the shard
+    /// as of one WAL position: every put acknowledged before the call.
+    pub fn read_snapshot(&self) -> Result<ReadSnapshot> {
+        let st = self.inner.state.lock();
+        st.check_usable()?;
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        for f in &st.frozen {
+            batches.extend(f.memtable.batches().iter().cloned());
+        }
+        batches.extend(st.active.batches().iter().cloned());
+        Ok(ReadSnapshot {
+            shard: self.inner.shard,
+            published_generation: st.published_generation,
+            batches,
+        })
+    }
+
     /// Every physical row not yet published (frozen generations oldest
     /// first, then the active memtable), in WAL order, storage schema
     /// (tombstones and overwritten rows included): applying them in order
@@ -457,6 +478,20 @@ impl ShardWriter {
             terminal: st.terminal.as_ref().map(|e| e.to_string()),
         }
     }
+}
+
+/// What [`ShardWriter::read_snapshot`] returns.
+#[derive(Debug, Clone)]
+pub struct ReadSnapshot {
+    /// The shard.
+    pub shard: ShardId,
+    /// Generations up to this one are published (in the manifest, or
+    /// compacted into the base table).
+    pub published_generation: u64,
+    /// Every physical row of the later generations, oldest first, in the
+    /// storage schema (table columns plus `_tombstone`; overwritten rows
+    /// included: apply them in order).
+    pub batches: Vec<RecordBatch>,
 }
 
 /// How long past `close_timeout` a closing writer waits for a background

@@ -1,0 +1,174 @@
+//! Reading a served table back as of now: the base table, every shard's
+//! published SSTables, and the memtables of the shard writers this daemon
+//! holds, merged by primary key (last write wins, tombstones hide rows).
+//!
+//! Snapshot: each held writer is read first ([`memwal::ShardWriter::read_snapshot`]:
+//! its published generation and its unpublished rows, in one instant);
+//! then the published view (`table_view`, manifests before the base), of
+//! which only the SSTables up to that generation are read for that shard,
+//! the rest being in the snapshot. Every put acknowledged before the read
+//! began is in it, and no key appears twice. Shards this daemon does not
+//! hold (another daemon's buckets) are read as published: their unflushed
+//! rows are not visible here. Rows compacted into the base after the read
+//! began may show (never older than the snapshot).
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_row::{RowConverter, SortField};
+use arrow_schema::{Field, Schema, SchemaRef};
+
+use crate::{ServerError, TableHost};
+
+/// The storage schema's tombstone column (memtable and WAL batches).
+const TOMBSTONE: &str = memwal_memtable::TOMBSTONE_COLUMN;
+
+impl TableHost {
+    /// Every live row of the table, read as described in the module docs.
+    /// Keyed tables only (an append-only table is refused, `InvalidInput`).
+    pub async fn read_rows(&self) -> Result<RecordBatch, ServerError> {
+        let failed = |reason: String| ServerError::InvalidInput {
+            table: self.name().to_string(),
+            reason,
+        };
+        let keys: Vec<String> = self
+            .key_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        if keys.is_empty() {
+            return Err(failed(
+                "reads of append-only tables (no primary key) are not served yet".into(),
+            ));
+        }
+        let mut snapshots = HashMap::new();
+        for w in self.live_writers() {
+            // A writer that stopped meanwhile: its acknowledged rows are in
+            // its WAL and (once replayed) published; read what is published.
+            if let Ok(s) = w.read_snapshot() {
+                snapshots.insert(s.shard, s);
+            }
+        }
+        let view =
+            memwal_compactor::table_view(&self.loc, None, &memwal_store::RetryPolicy::default())
+                .await
+                .map_err(|e| ServerError::Setup {
+                    table: self.name().to_string(),
+                    reason: format!("reading the published view: {e}"),
+                })?;
+        let mut view = view;
+        for shard in &mut view.shards {
+            if let Some(s) = snapshots.get(&shard.shard) {
+                shard
+                    .sstables
+                    .retain(|t| t.generation <= s.published_generation);
+            }
+        }
+        let published = lance::dataset::mem_wal::LsmScanner::new(
+            view.base.clone(),
+            view.snapshots(),
+            keys.clone(),
+        )
+        .try_into_batch()
+        .await
+        .map_err(|e| ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("scanning the published view: {e}"),
+        })?;
+        let mut unflushed = Vec::new();
+        for s in snapshots.into_values() {
+            unflushed.extend(s.batches);
+        }
+        merge(self.schema(), &keys, &published, &unflushed).map_err(failed)
+    }
+}
+
+/// `published` (one row per key) overlaid with `unflushed` (storage
+/// batches applied in order, tombstones deleting): one row per live key,
+/// in `schema`.
+pub(crate) fn merge(
+    schema: &SchemaRef,
+    keys: &[String],
+    published: &RecordBatch,
+    unflushed: &[RecordBatch],
+) -> Result<RecordBatch, String> {
+    // Sources share one all-nullable schema (a tombstone row has nulls in
+    // the table's non-nullable value columns; it is never picked).
+    let loose = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| Field::new(f.name(), f.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let project = |b: &RecordBatch| -> Result<RecordBatch, String> {
+        let columns = loose
+            .fields()
+            .iter()
+            .map(|f| {
+                b.column_by_name(f.name())
+                    .cloned()
+                    .ok_or_else(|| format!("a stored batch lacks column `{}`", f.name()))
+            })
+            .collect::<Result<Vec<ArrayRef>, _>>()?;
+        RecordBatch::try_new(loose.clone(), columns).map_err(|e| e.to_string())
+    };
+    let mut sources = vec![project(published)?];
+    let mut tombstones = vec![None];
+    for b in unflushed {
+        sources.push(project(b)?);
+        let t = b
+            .column_by_name(TOMBSTONE)
+            .map(|c| c.as_boolean().clone())
+            .ok_or_else(|| format!("an unflushed batch lacks `{TOMBSTONE}`"))?;
+        tombstones.push(Some(t));
+    }
+    let key_columns: Vec<usize> = keys
+        .iter()
+        .map(|k| schema.index_of(k).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let converter = RowConverter::new(
+        key_columns
+            .iter()
+            .map(|&i| SortField::new(schema.field(i).data_type().clone()))
+            .collect(),
+    )
+    .map_err(|e| e.to_string())?;
+    // Latest row per key (None: deleted), keys in first-seen order.
+    let mut latest: HashMap<Box<[u8]>, Option<(usize, usize)>> = HashMap::new();
+    let mut order: Vec<Box<[u8]>> = Vec::new();
+    for (s, batch) in sources.iter().enumerate() {
+        let cols: Vec<ArrayRef> = key_columns
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        let rows = converter
+            .convert_columns(&cols)
+            .map_err(|e| e.to_string())?;
+        for r in 0..batch.num_rows() {
+            let deleted = tombstones[s]
+                .as_ref()
+                .is_some_and(|t| t.is_valid(r) && t.value(r));
+            let pick = (!deleted).then_some((s, r));
+            match latest.entry(rows.row(r).as_ref().into()) {
+                Entry::Occupied(mut e) => *e.get_mut() = pick,
+                Entry::Vacant(e) => {
+                    order.push(e.key().clone());
+                    e.insert(pick);
+                }
+            }
+        }
+    }
+    let picks: Vec<(usize, usize)> = order.iter().filter_map(|k| latest[k]).collect();
+    let columns = (0..loose.fields().len())
+        .map(|c| {
+            let arrays: Vec<&dyn Array> = sources.iter().map(|b| b.column(c).as_ref()).collect();
+            arrow_select::interleave::interleave(&arrays, &picks).map_err(|e| e.to_string())
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
+}
