@@ -728,6 +728,7 @@ async fn adbc_reads_back_what_it_wrote_at_once_with_sql() {
     let d = Daemon::start(&table, &[]);
     let out = run_python(&python, "adbc_query.py", &[&d.flight, "t"]);
     let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(got["table_schema"], serde_json::json!(["id", "v"]), "{got}");
     assert_eq!(got["key_4_first"], serde_json::json!([["a-4"]]), "{got}");
     assert_eq!(got["key_4"], serde_json::json!([["b-4"]]), "{got}");
     assert_eq!(got["count"], 8, "{got}");

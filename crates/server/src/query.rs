@@ -31,6 +31,12 @@ pub const QUERY_MEMORY_BYTES: usize = 512 << 20;
 /// How long one query may run.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The catalog and schema the served tables are in (`memwal.public.t`
+/// and plain `t` both name table `t`).
+pub const CATALOG: &str = "memwal";
+/// See [`CATALOG`].
+pub const SCHEMA: &str = "public";
+
 /// The served tables, by name.
 pub(crate) type Hosts = HashMap<String, Arc<TableHost>>;
 
@@ -77,7 +83,8 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
         .with_memory_limit(QUERY_MEMORY_BYTES, 1.0)
         .build_arc()
         .map_err(|e| Status::internal(e.to_string()))?;
-    let ctx = SessionContext::new_with_config_rt(SessionConfig::new(), runtime);
+    let config = SessionConfig::new().with_default_catalog_and_schema(CATALOG, SCHEMA);
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
     let lowered = sql.to_lowercase();
     let mut read_bytes = 0usize;
     for (name, host) in hosts {

@@ -2,8 +2,9 @@
 //! (`CommandStatementIngest`, what ADBC's `adbc_ingest` sends), queries
 //! (`CommandStatementQuery`, and prepared statements: create, execute
 //! through `GetFlightInfo` / `DoGet`, close; what ADBC's `cursor.execute`
-//! sends; see [`crate::query`]) and `CommandGetSqlInfo` (which advertises
-//! both). Every other Flight SQL command is refused with `UNIMPLEMENTED`
+//! sends; see [`crate::query`]), `CommandGetTables` (the served tables,
+//! catalog `memwal`, schema `public`) and `CommandGetSqlInfo` (which
+//! advertises ingest and SQL). Every other Flight SQL command is refused with `UNIMPLEMENTED`
 //! naming it.
 //!
 //! An ingest appends to a served table: upserts, last write wins by primary
@@ -62,7 +63,8 @@ pub(crate) fn command(bytes: &[u8]) -> Result<Command, Status> {
 fn unsupported(cmd: &Command) -> Status {
     Status::unimplemented(format!(
         "memwal speaks Flight SQL for bulk ingest (CommandStatementIngest), queries \
-         (CommandStatementQuery, prepared statements) and CommandGetSqlInfo, not `{}`",
+         (CommandStatementQuery, prepared statements), CommandGetTables and \
+         CommandGetSqlInfo, not `{}`",
         cmd.type_url()
     ))
 }
@@ -94,6 +96,10 @@ pub(crate) async fn flight_info(
             get.clone().into_builder(sql_info()).schema(),
             Ticket::new(get.as_any().encode_to_vec()),
         ),
+        Command::CommandGetTables(get) => (
+            get.clone().into_builder().schema(),
+            Ticket::new(get.as_any().encode_to_vec()),
+        ),
         other => match query_text(other) {
             Some(sql) => {
                 let sql = sql?;
@@ -122,6 +128,7 @@ pub(crate) async fn schema(
 ) -> Result<arrow_schema::SchemaRef, Status> {
     match command(&descriptor.cmd)? {
         Command::CommandGetSqlInfo(get) => Ok(get.into_builder(sql_info()).schema()),
+        Command::CommandGetTables(get) => Ok(get.into_builder().schema()),
         other => match query_text(&other) {
             Some(sql) => crate::query::plan(tables, &sql?).await,
             None => Err(unsupported(&other)),
@@ -142,6 +149,23 @@ pub(crate) async fn do_get(
                 .into_builder(sql_info())
                 .build()
                 .map_err(|e| Status::internal(e.to_string()))?;
+            (batch.schema(), vec![batch])
+        }
+        Command::CommandGetTables(get) => {
+            let mut b = get.clone().into_builder();
+            let mut names: Vec<&String> = tables.keys().collect();
+            names.sort();
+            for name in names {
+                b.append(
+                    crate::query::CATALOG,
+                    crate::query::SCHEMA,
+                    name,
+                    "TABLE",
+                    tables[name].schema(),
+                )
+                .map_err(|e| Status::internal(e.to_string()))?;
+            }
+            let batch = b.build().map_err(|e| Status::internal(e.to_string()))?;
             (batch.schema(), vec![batch])
         }
         other => match query_text(other) {

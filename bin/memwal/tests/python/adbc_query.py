@@ -4,7 +4,8 @@ same `memwal serve`, as a user would, with nothing flushed in between.
 Usage: adbc_query.py GRPC_ADDR TABLE
 Ingests keys 0-9 ("a"), then overwrites 0-4 ("b") and deletes 5 and 6 (a
 Flight DoPut on the table's `delete` path), then queries: one key, a
-count, every row, a bad query. Prints one JSON object.
+count (by the table's full name), every row, a bad query; and the table's
+schema (GetTables). Prints one JSON object.
 """
 import json
 import sys
@@ -22,6 +23,7 @@ def rows(ids, tag):
 
 out = {}
 with flightsql.connect(f"grpc://{addr}", autocommit=True) as conn:
+    out["table_schema"] = [f.name for f in conn.adbc_get_table_schema(table)]
     with conn.cursor() as cur:
         cur.adbc_ingest(table, rows(list(range(10)), "a"), mode="append")
         cur.execute(f"SELECT v FROM {table} WHERE id = 4")
@@ -35,7 +37,7 @@ with flightsql.connect(f"grpc://{addr}", autocommit=True) as conn:
         writer.close()
         cur.execute(f"SELECT v FROM {table} WHERE id = 4")
         out["key_4"] = cur.fetchall()
-        cur.execute(f"SELECT count(*) AS n FROM {table}")
+        cur.execute(f"SELECT count(*) AS n FROM memwal.public.{table}")
         out["count"] = cur.fetchall()[0][0]
         cur.execute(f"SELECT id, v FROM {table} ORDER BY id")
         out["rows"] = [[i, v] for i, v in cur.fetchall()]
