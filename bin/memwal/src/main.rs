@@ -7,6 +7,7 @@
 mod config;
 mod inspect;
 mod load;
+mod query;
 mod serve;
 mod table;
 mod writer_config;
@@ -46,6 +47,9 @@ enum Command {
     /// Send synthetic rows to a running daemon and report rows/s and ack
     /// latencies.
     Load(load::LoadArgs),
+    /// Run one SQL query against a running daemon (Flight SQL) and print
+    /// the rows (`memwal query "SELECT * FROM demo WHERE id = 4"`).
+    Query(query::QueryArgs),
     /// Create a base table with the MemWAL index (e.g. `memwal init ./data/t
     /// --column id:int64:key --column v:utf8 --bucket id:4`, or `memwal init
     /// ./data/t --schema schema.arrows --primary-key id --bucket id:4`).
@@ -250,6 +254,7 @@ async fn run(cli: Cli) -> Result<String, String> {
         }
         Command::Serve(args) => return serve::serve(*args).await,
         Command::Load(args) => return load::load(args).await,
+        Command::Query(args) => return query::query(args).await,
         Command::Gc {
             uri,
             dry_run,

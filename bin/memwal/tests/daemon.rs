@@ -747,3 +747,40 @@ async fn adbc_reads_back_what_it_wrote_at_once_with_sql() {
     );
     d.stop_ok();
 }
+
+// Breaks if `memwal query` cannot read back acknowledged, unflushed rows
+// (JSON lines and the table form), or a bad query does not fail naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memwal_query_reads_back_acked_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(&table, &[]);
+    let mut c = client(&d.flight, None).await;
+    put(&mut c, &["t"], vec![rows(&[1, 2, 3], "a"), rows(&[2], "b")])
+        .await
+        .unwrap();
+    let sql = "SELECT id, v FROM t ORDER BY id";
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", sql]);
+    assert!(ok, "{out}{err}");
+    let got: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            serde_json::json!({"id": 1, "v": "a-1"}),
+            serde_json::json!({"id": 2, "v": "b-2"}),
+            serde_json::json!({"id": 3, "v": "a-3"}),
+        ]
+    );
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, sql]);
+    assert!(
+        ok && out.contains("b-2") && out.contains("(3 rows)"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "SELECT nope FROM t"]);
+    assert!(!ok && err.contains("nope"), "{out}{err}");
+    d.stop_ok();
+}
