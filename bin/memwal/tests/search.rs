@@ -1,6 +1,7 @@
-//! Searching what the daemon ingested, as a pylance user does: an indexed
-//! table made by pylance, fresh rows fed through `memwal serve`, and
-//! pylance's `LsmVectorSearchPlanner` over the read view.
+//! Searching what the daemon ingested: an indexed table made by pylance,
+//! fresh rows fed through `memwal serve`, found at once over SQL
+//! (`vector_search`, ADBC) and, once published, by pylance's
+//! `LsmVectorSearchPlanner` over the read view.
 
 mod common;
 
@@ -57,7 +58,8 @@ fn fresh(ids: &[i64]) -> RecordBatch {
 // Breaks if the SSTables the daemon flushes lack the table's maintained
 // indexes: pylance's planner then returns base rows for every probe (0 of
 // 30 top hits) and base rows for a search filtered to fresh rows, and
-// pylance lists no index on them.
+// pylance lists no index on them; or if `vector_search` over SQL does not
+// find a fresh, unflushed row as its own top hit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
     let Some(python) = test_python("pylance search") else {
@@ -84,6 +86,21 @@ async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
         .await
         .unwrap();
     assert_eq!(acks.len(), 3);
+    // Over SQL, at once (the rows are still in the daemon's memtables):
+    // each probe's own row is its top hit.
+    let sql_probes: Vec<serde_json::Value> = ids
+        .iter()
+        .step_by(30)
+        .map(|id| serde_json::json!([id, vector(*id)]))
+        .collect();
+    let out = run_python(
+        &python,
+        "adbc_vector.py",
+        &[&d.flight, "t", &serde_json::to_string(&sql_probes).unwrap()],
+    );
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let want: Vec<i64> = ids.iter().step_by(30).copied().collect();
+    assert_eq!(got["top"], serde_json::json!(want), "{got}");
     d.stop_ok();
 
     let loc = memwal_store::open_store(&table).unwrap();

@@ -14,6 +14,7 @@ mod flight;
 pub mod http;
 mod query;
 mod read;
+mod search;
 mod slots;
 mod sql;
 mod table;

@@ -3,6 +3,9 @@
 //! table as [`TableHost::read_rows`] reads it (published data plus this
 //! daemon's memtables), so a query sent after an ack sees the acked rows.
 //!
+//! `vector_search(table, column, vector, k)` is a table function for
+//! nearest-neighbour search ([`crate::search`]).
+//!
 //! Only queries: DDL, DML and other statements are refused. Each query
 //! runs within a memory pool of [`QUERY_MEMORY_BYTES`] and a time limit of
 //! [`QUERY_TIMEOUT`]; a table read for it counts its rows against
@@ -87,6 +90,7 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
     let ctx = SessionContext::new_with_config_rt(config, runtime);
     let lowered = sql.to_lowercase();
     let mut read_bytes = 0usize;
+    let mut read_tables = HashMap::new();
     for (name, host) in hosts {
         let rows = if read && lowered.contains(&name.to_lowercase()) {
             let batch = host.read_rows().await.map_err(Status::from)?;
@@ -97,8 +101,10 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
                     QUERY_MEMORY_BYTES >> 20
                 )));
             }
+            read_tables.insert(name.clone(), batch.clone());
             vec![batch]
         } else {
+            read_tables.insert(name.clone(), RecordBatch::new_empty(host.schema().clone()));
             vec![]
         };
         let table = MemTable::try_new(host.schema().clone(), vec![rows])
@@ -106,6 +112,12 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
         ctx.register_table(name.as_str(), Arc::new(table))
             .map_err(|e| Status::internal(format!("table `{name}`: {e}")))?;
     }
+    ctx.register_udtf(
+        "vector_search",
+        Arc::new(crate::search::VectorSearch {
+            tables: read_tables,
+        }),
+    );
     Ok(ctx)
 }
 
