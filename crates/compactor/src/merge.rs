@@ -75,22 +75,43 @@ impl From<CompactorError> for Attempt {
 
 /// The SSTable's columns in base-table terms.
 struct Columns {
-    /// SSTable column names to read, base names to write, for every
-    /// non-tombstone column.
-    read: Vec<String>,
-    /// Output schema (base names, SSTable types, no metadata).
+    /// Per output column (the base table's columns, in its order): the
+    /// SSTable column to read, or `None` when the SSTable predates the
+    /// column (written as nulls).
+    read: Vec<Option<String>>,
+    /// Output schema: the base table's columns (base names and types, no
+    /// metadata). The same for every SSTable of a base, whatever schema
+    /// version wrote it.
     out: SchemaRef,
-    /// Positions (in `read`) of the primary-key columns.
+    /// Positions (in `out`) of the primary-key columns.
     keys: Vec<usize>,
     /// Whether the SSTable has a `_tombstone` column.
     has_tombstone: bool,
 }
 
+impl Columns {
+    /// The SSTable column names a scan projects (the present ones).
+    fn present(&self, positions: &[usize]) -> Vec<String> {
+        positions
+            .iter()
+            .filter_map(|&i| self.read[i].clone())
+            .collect()
+    }
+}
+
+/// Maps an SSTable's columns onto the base table's, by field id: a base
+/// column the SSTable lacks (added after it was written) is read as nulls,
+/// an SSTable column the base no longer has (dropped) is ignored. A
+/// schema difference is never corruption; only a missing primary-key
+/// column, or a missing column the base declares non-nullable, is refused.
 fn columns(base: &Dataset, sst: &Dataset, uri: &str, dir: &str) -> Result<Columns> {
-    let base_names: HashMap<i32, &str> = base
+    // `_tombstone` is not a table column: its field id (the next free one
+    // when the SSTable was written) may be a base column's added later.
+    let sst_names: HashMap<i32, &str> = sst
         .schema()
         .fields
         .iter()
+        .filter(|f| f.name != TOMBSTONE_COLUMN)
         .map(|f| (f.id, f.name.as_str()))
         .collect();
     let key_ids: Vec<i32> = base
@@ -102,38 +123,43 @@ fn columns(base: &Dataset, sst: &Dataset, uri: &str, dir: &str) -> Result<Column
     let mut read = Vec::new();
     let mut fields = Vec::new();
     let mut keys = Vec::new();
-    let mut has_tombstone = false;
-    for f in &sst.schema().fields {
-        if f.name == TOMBSTONE_COLUMN {
-            has_tombstone = true;
-            continue;
-        }
-        let name = base_names
-            .get(&f.id)
-            .ok_or_else(|| CompactorError::Corrupt {
-                uri: uri.to_string(),
-                reason: format!(
-                    "SSTable `{dir}` column `{}` (field id {}) has no base-table field",
-                    f.name, f.id
-                ),
-            })?;
+    for f in &base.schema().fields {
+        let arrow = Field::from(f);
+        let present = sst_names.get(&f.id).map(|n| n.to_string());
         if key_ids.contains(&f.id) {
+            if present.is_none() {
+                return Err(CompactorError::Corrupt {
+                    uri: uri.to_string(),
+                    reason: format!(
+                        "SSTable `{dir}` lacks primary-key column `{}` of the base table",
+                        f.name
+                    ),
+                });
+            }
             keys.push(read.len());
         }
-        read.push(f.name.clone());
-        let arrow = Field::from(f);
+        if present.is_none() && !arrow.is_nullable() {
+            return Err(CompactorError::Corrupt {
+                uri: uri.to_string(),
+                reason: format!(
+                    "SSTable `{dir}` lacks column `{}`, which the base table declares \
+                     non-nullable",
+                    f.name
+                ),
+            });
+        }
+        read.push(present);
         fields.push(Field::new(
-            *name,
+            f.name.as_str(),
             arrow.data_type().clone(),
             arrow.is_nullable(),
         ));
     }
-    if keys.len() != key_ids.len() {
-        return Err(CompactorError::Corrupt {
-            uri: uri.to_string(),
-            reason: format!("SSTable `{dir}` lacks primary-key columns of the base table"),
-        });
-    }
+    let has_tombstone = sst
+        .schema()
+        .fields
+        .iter()
+        .any(|f| f.name == TOMBSTONE_COLUMN);
     Ok(Columns {
         read,
         out: Arc::new(Schema::new(fields)),
@@ -159,11 +185,23 @@ async fn rows(
     uri: &str,
     newest: Option<(Arc<Newest>, usize)>,
 ) -> Result<SendableRecordBatchStream> {
-    let mut project: Vec<String> = if keys_only {
-        cols.keys.iter().map(|&i| cols.read[i].clone()).collect()
+    let positions: Vec<usize> = if keys_only {
+        cols.keys.clone()
     } else {
-        cols.read.clone()
+        (0..cols.read.len()).collect()
     };
+    let mut project = cols.present(&positions);
+    // Output column j comes from projected column `fill[j]`, or is nulls.
+    let mut next = 0;
+    let fill: Vec<Option<usize>> = positions
+        .iter()
+        .map(|&i| {
+            cols.read[i].as_ref().map(|_| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect();
     let out: SchemaRef = if keys_only {
         Arc::new(
             cols.out
@@ -191,10 +229,15 @@ async fn rows(
         ))?;
     let has_tombstone = cols.has_tombstone;
     let schema = out.clone();
+    // Key columns are always present: their positions among the
+    // projected columns.
     let key_positions: Vec<usize> = if keys_only {
         (0..cols.keys.len()).collect()
     } else {
-        cols.keys.clone()
+        cols.keys
+            .iter()
+            .map(|&i| fill[i].expect("key columns are present"))
+            .collect()
     };
     let mapped = stream
         .map_err(|e| DataFusionError::External(Box::new(e)))
@@ -202,6 +245,7 @@ async fn rows(
             let schema = schema.clone();
             let newest = newest.clone();
             let key_positions = key_positions.clone();
+            let fill = fill.clone();
             async move {
                 let n = batch.num_columns() - usize::from(has_tombstone);
                 let selected = if has_tombstone {
@@ -233,7 +277,16 @@ async fn rows(
                         arrow_select_filter(&selected, &keep)?
                     }
                 };
-                Ok(RecordBatch::try_new(schema, selected.columns().to_vec())?)
+                let rows = selected.num_rows();
+                let columns = fill
+                    .iter()
+                    .zip(schema.fields())
+                    .map(|(at, f)| match at {
+                        Some(j) => selected.column(*j).clone(),
+                        None => arrow_array::new_null_array(f.data_type(), rows),
+                    })
+                    .collect();
+                Ok(RecordBatch::try_new(schema, columns)?)
             }
         })
         .try_filter(|b| futures::future::ready(b.num_rows() > 0));
@@ -328,13 +381,17 @@ pub(crate) async fn merge_sstables(
         .iter()
         .map(|sst| columns(&base, sst, uri, dirs))
         .collect::<Result<_>>()?;
+    // Every member maps onto the base's columns (`out` is the same for
+    // all); only the tombstone column must agree.
     if cols
         .iter()
-        .any(|c| c.out != cols[0].out || c.has_tombstone != cols[0].has_tombstone)
+        .any(|c| c.has_tombstone != cols[0].has_tombstone)
     {
         return Err(Attempt::Failed(CompactorError::Corrupt {
             uri: uri.to_string(),
-            reason: format!("SSTables {dirs} of shard {shard} differ in their columns"),
+            reason: format!(
+                "SSTables {dirs} of shard {shard} disagree on the `{TOMBSTONE_COLUMN}` column"
+            ),
         }));
     }
     let marker = vec![CompactedSsTable::new(shard.uuid(), generation)];
@@ -343,7 +400,7 @@ pub(crate) async fn merge_sstables(
         let key_names: Vec<String> = cols[0]
             .keys
             .iter()
-            .map(|&i| cols[0].read[i].clone())
+            .map(|&i| cols[0].read[i].clone().expect("key columns are present"))
             .collect();
         let key_types = cols[0]
             .keys

@@ -6,5 +6,6 @@
 mod compaction;
 mod faults;
 mod gc;
+mod schema;
 mod support;
 mod workload;
