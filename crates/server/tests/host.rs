@@ -736,3 +736,65 @@ async fn reads_see_acked_rows_at_once_newest_value_only() {
     );
     host.close().await.unwrap();
 }
+
+// Breaks if a put that lacks a nullable column of the table is refused (a
+// producer not yet upgraded after a column was added would lose its
+// writes) instead of being written with that column null, if columns sent
+// in another order are refused, or if a column the table does not have is
+// accepted or refused without naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_are_matched_to_the_table_by_column_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = TableHost::open("t", loc, ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let ids_only = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)])),
+        vec![Arc::new(Int64Array::from(vec![1, 2])) as ArrayRef],
+    )
+    .unwrap();
+    host.write(&ids_only, false).await.unwrap();
+    let reordered = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("v", DataType::Utf8, true),
+            Field::new("id", DataType::Int64, false),
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec!["r3"])) as ArrayRef,
+            Arc::new(Int64Array::from(vec![3])) as ArrayRef,
+        ],
+    )
+    .unwrap();
+    host.write(&reordered, false).await.unwrap();
+    let extra = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("v", DataType::Utf8, true),
+            Field::new("bogus", DataType::Utf8, true),
+        ])),
+        vec![
+            Arc::new(Int64Array::from(vec![4])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["x"])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["y"])) as ArrayRef,
+        ],
+    )
+    .unwrap();
+    let e = host.write(&extra, false).await.unwrap_err();
+    assert!(e.to_string().contains("bogus"), "{e}");
+    assert_eq!(tonic::Status::from(e).code(), tonic::Code::InvalidArgument);
+    let read = host.read_rows().await.unwrap();
+    let ids = arrow_array::cast::AsArray::as_primitive::<arrow_array::types::Int64Type>(
+        read.column_by_name("id").unwrap(),
+    );
+    let vs = arrow_array::cast::AsArray::as_string::<i32>(read.column_by_name("v").unwrap());
+    let mut got: Vec<(i64, Option<String>)> = (0..read.num_rows())
+        .map(|i| {
+            let v = arrow_array::Array::is_valid(vs, i).then(|| vs.value(i).to_string());
+            (ids.value(i), v)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(got, vec![(1, None), (2, None), (3, Some("r3".to_string()))]);
+    host.close().await.unwrap();
+}
