@@ -28,7 +28,7 @@ const TOMBSTONE: &str = memwal_memtable::TOMBSTONE_COLUMN;
 
 impl TableHost {
     /// Every live row of the table, read as described in the module docs.
-    /// Keyed tables only (an append-only table is refused, `InvalidInput`).
+    /// An append-only table (no primary key) is every row of every level.
     pub async fn read_rows(&self) -> Result<RecordBatch, ServerError> {
         let failed = |reason: String| ServerError::InvalidInput {
             table: self.name().to_string(),
@@ -40,11 +40,6 @@ impl TableHost {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        if keys.is_empty() {
-            return Err(failed(
-                "reads of append-only tables (no primary key) are not served yet".into(),
-            ));
-        }
         let mut snapshots = HashMap::new();
         for w in self.live_writers() {
             // A writer that stopped meanwhile: its acknowledged rows are in
@@ -67,6 +62,17 @@ impl TableHost {
                     .sstables
                     .retain(|t| t.generation <= s.published_generation);
             }
+        }
+        if keys.is_empty() {
+            let setup = |reason: String| ServerError::Setup {
+                table: self.name().to_string(),
+                reason,
+            };
+            let mut unflushed = Vec::new();
+            for s in snapshots.into_values() {
+                unflushed.extend(s.batches);
+            }
+            return append_only(self, &view, &unflushed).await.map_err(setup);
         }
         let published = lance::dataset::mem_wal::LsmScanner::new(
             view.base.clone(),
@@ -171,4 +177,76 @@ pub(crate) fn merge(
         })
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
+}
+
+/// An append-only table's rows: the base, the view's SSTables and the
+/// unflushed rows, all of them (no key to merge by).
+async fn append_only(
+    host: &TableHost,
+    view: &memwal_compactor::TableView,
+    unflushed: &[RecordBatch],
+) -> Result<RecordBatch, String> {
+    use futures::TryStreamExt;
+    let schema = host.schema();
+    let project = |b: &RecordBatch| -> Result<Option<RecordBatch>, String> {
+        let b = match b.column_by_name(TOMBSTONE) {
+            Some(t) => {
+                let live = arrow_array::BooleanArray::from_iter(
+                    t.as_boolean().iter().map(|x| Some(!x.unwrap_or(false))),
+                );
+                arrow_select::filter::filter_record_batch(b, &live).map_err(|e| e.to_string())?
+            }
+            None => b.clone(),
+        };
+        if b.num_rows() == 0 {
+            return Ok(None);
+        }
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                b.column_by_name(f.name())
+                    .cloned()
+                    .ok_or_else(|| format!("a stored batch lacks column `{}`", f.name()))
+            })
+            .collect::<Result<Vec<ArrayRef>, _>>()?;
+        RecordBatch::try_new(schema.clone(), columns)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    };
+    let scan = |ds: &lance::Dataset| {
+        let ds = ds.clone();
+        async move {
+            ds.scan()
+                .try_into_stream()
+                .await
+                .map_err(|e| e.to_string())?
+                .try_collect::<Vec<_>>()
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+    let mut out = Vec::new();
+    for b in scan(&view.base).await? {
+        out.extend(project(&b)?);
+    }
+    let lance_store = memwal_sstable::LanceStore::new(host.loc.store.clone());
+    for shard in &view.shards {
+        let layout = memwal_fencing::ShardLayout::new(&host.loc.root, shard.shard);
+        for t in &shard.sstables {
+            let dir = layout.sstable_dir(&t.path);
+            let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance_store.uri(&dir))
+                .with_session(lance_store.session().clone())
+                .load()
+                .await
+                .map_err(|e| format!("SSTable {dir}: {e}"))?;
+            for b in scan(&ds).await? {
+                out.extend(project(&b)?);
+            }
+        }
+    }
+    for b in unflushed {
+        out.extend(project(b)?);
+    }
+    arrow_select::concat::concat_batches(schema, &out).map_err(|e| e.to_string())
 }
