@@ -314,8 +314,8 @@ async fn two_hosts_creating_a_buckets_shard_create_the_same_one() {
 }
 
 // Breaks if a batch is checked only against the table-level schema: here
-// two shards opened before a column was added to the base and two open
-// after it (their writers want the new column), so the old-schema batch
+// two shards opened before a column was dropped from the base and two open
+// after it (their writers no longer have it), so the old-schema batch
 // fits the first two and not the others. Before the fix the first two
 // parts became durable and the batch failed INVALID_ARGUMENT anyway (a
 // retry duplicates them on an append-only table); now nothing is written.
@@ -341,14 +341,7 @@ async fn a_part_one_shard_refuses_fails_the_batch_before_any_part_is_written() {
 
     let path = dir.path().join("t");
     let mut ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
-    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
-    ds.add_columns(
-        lance::dataset::NewColumnTransform::AllNulls(extra),
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+    ds.drop_columns(&["v"]).await.unwrap();
 
     let e = host.write(&tagged(&ids, "x"), false).await.unwrap_err();
     assert!(!e.may_be_durable(), "{e}");
@@ -827,5 +820,46 @@ async fn an_append_only_table_reads_every_row_written() {
         .collect();
     got.sort();
     assert_eq!(got, vec!["a1", "a2", "b1", "b3"]);
+    host.close().await.unwrap();
+}
+
+// Breaks if, after a column is added to the base while the daemon runs,
+// shards opened after the change refuse the old schema (the issue's
+// measurement: one bucket then took no rows at all until a restart): a
+// batch spanning shards opened before and after must be written whole,
+// the new column null for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_column_is_added_every_shard_takes_the_old_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = TableHost::open("t", loc, ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let bucket = |id: &i64| memwal_sharding::bucket_of(memwal_sharding::hash_i64(*id), 4);
+    let ids: Vec<i64> = (0..40).collect();
+    let early: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) < 2).collect();
+    host.write(&tagged(&early, "a"), false).await.unwrap();
+    assert_eq!(host.status().await.len(), 2);
+    let mut ds = lance::Dataset::open(dir.path().join("t").to_str().unwrap())
+        .await
+        .unwrap();
+    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
+    ds.add_columns(
+        lance::dataset::NewColumnTransform::AllNulls(extra),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    host.write(&tagged(&ids, "b"), false).await.unwrap();
+    assert_eq!(
+        host.status().await.len(),
+        4,
+        "two shards opened after the change"
+    );
+    let read = as_map(&host.read_rows().await.unwrap());
+    let want: std::collections::BTreeMap<i64, String> =
+        ids.iter().map(|&i| (i, format!("b{i}"))).collect();
+    assert_eq!(read, want);
     host.close().await.unwrap();
 }

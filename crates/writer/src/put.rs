@@ -75,14 +75,55 @@ impl Future for PutHandle {
 }
 
 /// A user (or storage) batch in storage form, checked against the shard.
+/// A user batch that lacks nullable columns of the table (and has no
+/// column the table lacks) is written with them null: a producer that
+/// predates a column added to the table keeps writing.
 pub(crate) fn validate_put(inner: &Inner, batch: &RecordBatch) -> Result<RecordBatch> {
     inner.state.lock().check_usable()?;
+    let filled = fill_missing_nullable(inner.schema.table_schema(), batch);
+    let batch = filled.as_ref().unwrap_or(batch);
     let storage = inner
         .schema
         .to_storage(batch)
         .map_err(Error::from_memtable)?;
     check_shard(inner, &storage)?;
     Ok(storage)
+}
+
+/// `batch` in `table`'s column order with its missing nullable columns
+/// null-filled; `None` when there is nothing to fill or the batch cannot be
+/// filled (a storage batch, a column the table lacks, a missing
+/// non-nullable column: validation then refuses it, naming why).
+fn fill_missing_nullable(
+    table: &arrow_schema::SchemaRef,
+    batch: &RecordBatch,
+) -> Option<RecordBatch> {
+    let got = batch.schema();
+    if got.fields().len() >= table.fields().len()
+        || got
+            .fields()
+            .iter()
+            .any(|f| table.index_of(f.name()).is_err())
+    {
+        return None;
+    }
+    let mut fields = Vec::with_capacity(table.fields().len());
+    let mut columns = Vec::with_capacity(table.fields().len());
+    for f in table.fields() {
+        match got.index_of(f.name()) {
+            Ok(i) => {
+                fields.push(got.fields()[i].clone());
+                columns.push(batch.column(i).clone());
+            }
+            Err(_) if f.is_nullable() => {
+                fields.push(f.clone());
+                columns.push(arrow_array::new_null_array(f.data_type(), batch.num_rows()));
+            }
+            Err(_) => return None,
+        }
+    }
+    let schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
+    RecordBatch::try_new(schema, columns).ok()
 }
 
 /// The tombstone batch for `keys`, checked against the shard (the sharding
