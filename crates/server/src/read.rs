@@ -48,6 +48,8 @@ impl TableHost {
                 snapshots.insert(s.shard, s);
             }
         }
+        // Tests widen this window (`sleep`) to prove the order holds.
+        memwal_store::crash_point("server::read_after_snapshots");
         let view =
             memwal_compactor::table_view(&self.loc, None, &memwal_store::RetryPolicy::default())
                 .await

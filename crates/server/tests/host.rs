@@ -863,3 +863,62 @@ async fn after_a_column_is_added_every_shard_takes_the_old_schema() {
     assert_eq!(read, want);
     host.close().await.unwrap();
 }
+
+// Breaks if a read taken while writers put, freeze and publish misses a
+// row acknowledged before it began (a generation published between the
+// writer snapshot and the view read, say), shows a key twice, or shows a
+// value older than the newest one acknowledged before it began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_during_writes_and_flushes_hold_the_snapshot_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    // Tiny memtables: generations freeze and publish all through the run.
+    let config = ShardWriterConfig {
+        memtable_max_rows: 16,
+        ..ShardWriterConfig::default()
+    };
+    let host = Arc::new(TableHost::open("t", loc, config).await.unwrap());
+    // key -> newest acknowledged version, updated after each ack.
+    let acked = Arc::new(parking_lot::Mutex::new(std::collections::BTreeMap::<
+        i64,
+        u64,
+    >::new()));
+    let writer = {
+        let (host, acked) = (host.clone(), acked.clone());
+        tokio::spawn(async move {
+            for version in 1..=60u64 {
+                let ids: Vec<i64> = (0..12).map(|i| (i * 7 + version as i64) % 24).collect();
+                host.write(&tagged(&ids, &format!("{version:03}-")), false)
+                    .await
+                    .unwrap();
+                let mut a = acked.lock();
+                for id in ids {
+                    a.insert(id, version);
+                }
+            }
+        })
+    };
+    // Widen the window between a read's writer snapshots and its view of
+    // what is published, so generations publish inside it.
+    fail::cfg("server::read_after_snapshots", "sleep(150)").unwrap();
+    let mut reads = 0;
+    while !writer.is_finished() || reads < 5 {
+        let before = acked.lock().clone();
+        let read = as_map(&host.read_rows().await.unwrap()); // panics on a key twice
+        for (id, version) in &before {
+            let got = read
+                .get(id)
+                .unwrap_or_else(|| panic!("key {id}, acked at version {version}, missing"));
+            let got_version: u64 = got[..3].parse().unwrap();
+            assert!(
+                got_version >= *version,
+                "key {id}: read version {got_version}, acked {version} before the read"
+            );
+        }
+        reads += 1;
+    }
+    fail::remove("server::read_after_snapshots");
+    writer.await.unwrap();
+    assert!(reads >= 5);
+    host.close().await.unwrap();
+}

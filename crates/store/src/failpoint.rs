@@ -14,7 +14,8 @@
 //! and key index not), `writer::before_publish` (SSTable complete, manifest
 //! not updated), `writer::mid_replay` (a replayed generation published,
 //! the rest of the WAL not), `server::before_write` (a decoded put, not yet
-//! split into shards), `compactor::between_passes` (delete pass
+//! split into shards), `server::read_after_snapshots` (a read took its
+//! writers' snapshots, not yet the published view), `compactor::between_passes` (delete pass
 //! committed, upsert pass not), `compactor::after_commit` (base committed,
 //! the writer has not pruned), `gc::mid` (some objects deleted, not all).
 
