@@ -77,7 +77,8 @@ impl TableFunctionImpl for VectorSearch {
         let mut scored: Vec<(f32, u32)> = (0..list.len())
             .filter(|&r| list.is_valid(r))
             .map(|r| {
-                let row = &flat.values()[r * dim..(r + 1) * dim];
+                let at = list.value_offset(r) as usize;
+                let row = &flat.values()[at..at + dim];
                 let d: f32 = row.iter().zip(&query).map(|(a, b)| (a - b) * (a - b)).sum();
                 (d, r as u32)
             })
