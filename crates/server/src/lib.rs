@@ -7,11 +7,13 @@
 #![recursion_limit = "256"]
 
 mod auth;
+mod columns;
 mod conns;
 mod decode;
 mod error;
 mod flight;
 pub mod http;
+mod limits;
 mod query;
 mod read;
 mod search;
@@ -24,7 +26,6 @@ pub use conns::{limited_incoming, LimitedConnection};
 pub use decode::IngestLimits;
 pub use error::{FailedPart, ServerError};
 pub use flight::IngestService;
+pub use limits::ShardLimits;
 pub use query::{QUERY_MEMORY_BYTES, QUERY_TIMEOUT};
-pub use table::{
-    FlushTurn, PartAck, ShardKey, ShardLimits, ShardStatus, TableHost, MIN_FLUSH_INTERVAL,
-};
+pub use table::{FlushTurn, PartAck, ShardKey, ShardStatus, TableHost, MIN_FLUSH_INTERVAL};

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use arrow_schema::{Schema, SchemaRef};
+use arrow_schema::SchemaRef;
 use memwal::{ShardId, ShardWriter, ShardWriterConfig, ShardingConfig, StoreLocation};
 use memwal_fencing::ShardIdentity;
 use memwal_sharding::ShardRouter;
@@ -15,6 +15,7 @@ use memwal_table::BaseTable;
 use serde::Serialize;
 
 use crate::error::FailedPart;
+use crate::limits::ShardLimits;
 use crate::slots::{self, Slot, Slots};
 use crate::ServerError;
 
@@ -119,16 +120,16 @@ pub struct TableHost {
     /// unsharded table, one bucket field): how a shard whose manifest does
     /// not decode is tied to its rows.
     enumerable: Option<Vec<ShardKey>>,
-    slots: Slots,
+    pub(crate) slots: Slots,
     /// When the last `flush` action started, and whether one runs.
     flushes: parking_lot::Mutex<(Option<std::time::Instant>, bool)>,
     /// `flush` actions start at most once per this long.
     flush_interval: parking_lot::Mutex<std::time::Duration>,
     /// Caps on the shards this host holds open.
-    shard_limits: parking_lot::Mutex<ShardLimits>,
+    pub(crate) shard_limits: parking_lot::Mutex<ShardLimits>,
     /// Set when [`Self::close`] starts: no shard opens and no row is taken
     /// after it.
-    closing: std::sync::atomic::AtomicBool,
+    pub(crate) closing: std::sync::atomic::AtomicBool,
     /// The table's compactor, when the daemon runs one (status only).
     compactor: std::sync::OnceLock<memwal_compactor::Compactor>,
 }
@@ -136,29 +137,6 @@ pub struct TableHost {
 /// `flush` actions start at most this often per table, by default
 /// ([`TableHost::set_min_flush_interval`]).
 pub const MIN_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How many shards a table keeps open, and when an idle one closes
-/// ([`TableHost::set_shard_limits`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ShardLimits {
-    /// Shards open at once (live, opening, or down and being retried);
-    /// rows for one more are refused with `RESOURCE_EXHAUSTED`. Default
-    /// 1024.
-    pub max_open: usize,
-    /// A shard no rows arrived for in this long is flushed, closed and
-    /// forgotten (the next row for it opens it again: a new claim).
-    /// `None`: never. Default 600 s.
-    pub idle_close: Option<std::time::Duration>,
-}
-
-impl Default for ShardLimits {
-    fn default() -> Self {
-        Self {
-            max_open: 1024,
-            idle_close: Some(std::time::Duration::from_secs(600)),
-        }
-    }
-}
 
 /// A `flush` action's turn ([`TableHost::begin_flush`]).
 pub struct FlushTurn<'a>(&'a TableHost);
@@ -614,58 +592,6 @@ impl TableHost {
         }
     }
 
-    /// Sets the caps on open shards (see [`ShardLimits`]).
-    pub fn set_shard_limits(&self, limits: ShardLimits) {
-        *self.shard_limits.lock() = limits;
-    }
-
-    /// Flushes, closes and forgets every live shard no rows arrived for in
-    /// `idle_close` (the host's monitor calls this). Rows for such a shard
-    /// wait while it closes, then open it again. A close that fails leaves
-    /// its rows in the WAL, where the next open replays them. Returns how
-    /// many shards closed.
-    pub async fn close_idle_shards(&self) -> usize {
-        let Some(idle) = self.shard_limits.lock().idle_close else {
-            return 0;
-        };
-        let mut closed = 0;
-        for (key, cell) in self.slots.cells() {
-            if cell.idle_for() < idle || !matches!(cell.current(), Some(Slot::Live(_))) {
-                continue;
-            }
-            // A shard opening or closing now is not idle.
-            let Ok(_turn) = cell.opening.try_lock() else {
-                continue;
-            };
-            if cell.idle_for() < idle || self.closing.load(std::sync::atomic::Ordering::SeqCst) {
-                continue;
-            }
-            let Some(Slot::Live(w)) = cell.current() else {
-                continue;
-            };
-            cell.take();
-            let shard = w.shard();
-            match w.close().await {
-                Ok(()) => tracing::info!(table = %self.name, %shard, "idle shard closed"),
-                Err(e) => tracing::warn!(table = %self.name, %shard, error = %e,
-                    "idle shard's close failed; its rows stay in the WAL for the next open"),
-            }
-            metrics::counter!("memwal_server_idle_shards_closed_total", "table" => self.name.clone())
-                .increment(1);
-            self.slots.remove_if_empty(&key, &cell);
-            closed += 1;
-        }
-        closed
-    }
-
-    /// Sets every live writer's gauges again (the daemon's metrics drop
-    /// series not updated for a while; see [`ShardWriter::refresh_gauges`]).
-    pub fn refresh_gauges(&self) {
-        for w in self.slots.live() {
-            w.refresh_gauges();
-        }
-    }
-
     /// Reopens every shard that is down and due (the host's monitor calls
     /// this; puts reopen a due shard too). Returns how many stay down.
     pub async fn reopen_down_shards(&self) -> usize {
@@ -723,108 +649,6 @@ impl TableHost {
                 _ => None,
             })
             .collect()
-    }
-
-    /// A put batch in the table's column order with every table column:
-    /// columns matched by name, a nullable column the batch lacks filled
-    /// with nulls (a producer not yet upgraded after a column was added),
-    /// a column the table does not have refused, naming it. `None`: the
-    /// batch has exactly the table's columns in order already (or cannot
-    /// be conformed by name: [`Self::check_schema`] then says why).
-    fn conform(&self, batch: &RecordBatch) -> Result<Option<RecordBatch>, ServerError> {
-        let got = batch.schema();
-        let want = &self.schema;
-        let same = got.fields().len() == want.fields().len()
-            && got
-                .fields()
-                .iter()
-                .zip(want.fields())
-                .all(|(g, w)| g.name() == w.name());
-        if same {
-            return Ok(None);
-        }
-        let bad = |reason: String| ServerError::InvalidInput {
-            table: self.name.clone(),
-            reason,
-        };
-        let unknown: Vec<&str> = got
-            .fields()
-            .iter()
-            .map(|f| f.name().as_str())
-            .filter(|n| want.index_of(n).is_err())
-            .collect();
-        if !unknown.is_empty() {
-            return Err(bad(format!(
-                "a put sends column(s) {} the table does not have (it has {})",
-                unknown.join(", "),
-                names(want)
-            )));
-        }
-        let mut columns = Vec::with_capacity(want.fields().len());
-        for f in want.fields() {
-            match got.index_of(f.name()) {
-                Ok(i) => columns.push(batch.column(i).clone()),
-                Err(_) if f.is_nullable() => {
-                    columns.push(arrow_array::new_null_array(f.data_type(), batch.num_rows()))
-                }
-                Err(_) => {
-                    return Err(bad(format!(
-                        "a put lacks column `{}`, which the table declares non-nullable",
-                        f.name()
-                    )))
-                }
-            }
-        }
-        let fields: Vec<arrow_schema::FieldRef> = want
-            .fields()
-            .iter()
-            .map(|w| match got.index_of(w.name()) {
-                Ok(i) => got.fields()[i].clone(),
-                Err(_) => w.clone(),
-            })
-            .collect();
-        let schema = Arc::new(arrow_schema::Schema::new_with_metadata(
-            fields,
-            got.metadata().clone(),
-        ));
-        RecordBatch::try_new(schema, columns)
-            .map(Some)
-            .map_err(|e| bad(e.to_string()))
-    }
-
-    fn check_schema(&self, batch: &RecordBatch, delete: bool) -> Result<(), ServerError> {
-        let want: &Schema = if delete {
-            &self.key_schema
-        } else {
-            &self.schema
-        };
-        let got = batch.schema();
-        let bad = |reason: String| ServerError::InvalidInput {
-            table: self.name.clone(),
-            reason,
-        };
-        if got.fields().len() != want.fields().len() {
-            return Err(bad(format!(
-                "{} sends {} columns ({}), the table wants {} ({})",
-                if delete { "a delete" } else { "a put" },
-                got.fields().len(),
-                names(&got),
-                want.fields().len(),
-                names(want)
-            )));
-        }
-        for (g, w) in got.fields().iter().zip(want.fields()) {
-            if g.name() != w.name() || g.data_type() != w.data_type() {
-                return Err(bad(format!(
-                    "column `{}` ({}) where the table has `{}` ({})",
-                    g.name(),
-                    g.data_type(),
-                    w.name(),
-                    w.data_type()
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// Writes `batch` (rows, or key-only deletes): validated as a whole
@@ -1012,7 +836,7 @@ impl TableHost {
 
     /// Flushes every served shard (frozen and published).
     pub async fn flush(&self) -> Result<(), ServerError> {
-        for w in self.live().await {
+        for w in self.live_writers() {
             w.flush().await.map_err(|source| ServerError::Writer {
                 table: self.name.clone(),
                 shard: w.shard().to_string(),
@@ -1020,10 +844,6 @@ impl TableHost {
             })?;
         }
         Ok(())
-    }
-
-    async fn live(&self) -> Vec<Arc<ShardWriter>> {
-        self.slots.live()
     }
 
     /// The writers this host holds now (readers add their memtables).
@@ -1042,7 +862,7 @@ impl TableHost {
         for (key, _) in self.slots.snapshot() {
             let _ = self.slots.cell(&key).opening.lock().await;
         }
-        let live = self.live().await;
+        let live = self.live_writers();
         let results = futures::future::join_all(live.iter().map(|w| w.close())).await;
         let mut first = None;
         for (w, r) in live.iter().zip(results) {
@@ -1178,12 +998,4 @@ impl TableHost {
         let last_commit = c.last_index_catchup_commit().map(|r| report(&r));
         Some(serde_json::json!({ "last": last, "last_commit": last_commit }))
     }
-}
-
-fn names(s: &Schema) -> String {
-    s.fields()
-        .iter()
-        .map(|f| f.name().as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
 }

@@ -31,6 +31,22 @@ fn tagged(ids: &[i64], tag: &str) -> RecordBatch {
 
 /// A `bucket(id, 4)` table with `id` int64 key and `v` utf8.
 async fn bucket_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation {
+    keyed_table(
+        dir,
+        TableSharding::Bucket {
+            column: "id".into(),
+            buckets: 4,
+        },
+    )
+    .await
+}
+
+/// A table at `dir/t` with `id` int64 key and `v` utf8, sharded by
+/// `sharding`.
+async fn keyed_table(
+    dir: &tempfile::TempDir,
+    sharding: TableSharding,
+) -> memwal_store::StoreLocation {
     let path = dir.path().join("t").to_str().unwrap().to_string();
     let loc = memwal_store::open_store(&path).unwrap();
     let key = Field::new("id", DataType::Int64, false).with_metadata(
@@ -44,10 +60,6 @@ async fn bucket_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation {
         key,
         Field::new("v", DataType::Utf8, true),
     ]));
-    let sharding = TableSharding::Bucket {
-        column: "id".into(),
-        buckets: 4,
-    };
     create_table(&loc, schema, &sharding).await.unwrap();
     loc
 }
@@ -580,28 +592,6 @@ async fn flush_actions_are_rate_limited() {
     host.close().await.unwrap();
 }
 
-/// An `identity(id)` table (one shard per id value), `id` int64 key, `v` utf8.
-async fn identity_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation {
-    let path = dir.path().join("t").to_str().unwrap().to_string();
-    let loc = memwal_store::open_store(&path).unwrap();
-    let key = Field::new("id", DataType::Int64, false).with_metadata(
-        [(
-            "lance-schema:unenforced-primary-key".to_string(),
-            "true".to_string(),
-        )]
-        .into(),
-    );
-    let schema = Arc::new(Schema::new(vec![
-        key,
-        Field::new("v", DataType::Utf8, true),
-    ]));
-    let sharding = TableSharding::Identity {
-        column: "id".into(),
-    };
-    create_table(&loc, schema, &sharding).await.unwrap();
-    loc
-}
-
 // Breaks if identity sharding opens shards without bound (each new value
 // claims a shard with its tasks, memtable and metric series, kept
 // forever): past `max_open` a batch touching a new value must be
@@ -612,7 +602,13 @@ async fn identity_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation 
 async fn identity_shards_are_capped_and_idle_ones_close() {
     use memwal_server::ShardLimits;
     let dir = tempfile::tempdir().unwrap();
-    let loc = identity_table(&dir).await;
+    let loc = keyed_table(
+        &dir,
+        TableSharding::Identity {
+            column: "id".into(),
+        },
+    )
+    .await;
     let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
         .await
         .unwrap();
