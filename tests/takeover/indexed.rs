@@ -484,6 +484,75 @@ async fn maintain_all_picks_up_an_index_created_after_the_shard_opened() {
     );
 }
 
+// Breaks if an index created with a schema change (on the new column) is
+// not in the first generation of the new schema, or if the generation
+// frozen at the change (rows without the column) claims it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_on_a_column_added_while_writing_joins_at_the_schema_boundary() {
+    let t = IndexedTable::create(
+        Indexes {
+            vector: true,
+            fts: false,
+            btree: false,
+        },
+        None,
+    )
+    .await;
+    let shard = Uuid::new_v4();
+    let w = t.open(shard).await.unwrap();
+    w.put(&batch(&[FRESH, FRESH + 1], "a")).await.unwrap();
+    let mut ds = t.dataset().await;
+    let m = Arc::new(Schema::new(vec![Field::new("m", DataType::Int64, true)]));
+    ds.add_columns(lance::dataset::NewColumnTransform::AllNulls(m), None, None)
+        .await
+        .unwrap();
+    ds.create_index(
+        &["m"],
+        IndexType::BTree,
+        Some("m_btree".into()),
+        &ScalarIndexParams::default(),
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(w.evolve().await.unwrap(), Some(2));
+    let plain = batch(&[FRESH + 2, FRESH + 3], "b");
+    let mut fields: Vec<Field> = plain
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("m", DataType::Int64, true));
+    let mut columns = plain.columns().to_vec();
+    columns.push(Arc::new(Int64Array::from(vec![7, 8])) as ArrayRef);
+    let with_m = RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap();
+    w.put(&with_m).await.unwrap();
+    w.close().await.unwrap();
+    let (_, _, sstables) = t.sstables(shard).await;
+    let names = |m: BTreeMap<String, String>| m.into_keys().collect::<Vec<_>>();
+    assert_eq!(
+        names(t.sstable_indexes(shard, &sstables[0].1).await),
+        ["vec_idx"],
+        "the generation frozen at the change has no `m`"
+    );
+    assert_eq!(
+        names(t.sstable_indexes(shard, &sstables[1].1).await),
+        ["m_btree", "vec_idx"],
+        "the first generation of the new schema carries the new index"
+    );
+    let found = t
+        .scanner(&[shard])
+        .await
+        .filter("m = 8")
+        .unwrap()
+        .try_into_batch()
+        .await
+        .unwrap();
+    let ids: Vec<i64> = rows_of(&found).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, vec![FRESH + 3]);
+}
+
 // Breaks if a listed maintained index of a kind memwal cannot mirror is
 // accepted (its SSTables would silently lack it), or if maintain-all mode
 // refuses instead of skipping such an index.

@@ -8,5 +8,6 @@ mod indexed;
 mod live;
 mod memwal_first;
 mod routing;
+mod schema;
 mod support;
 mod upstream_first;

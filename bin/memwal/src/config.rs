@@ -22,6 +22,7 @@
 //! min_flush_interval_ms = 1000   # `flush` actions start at most this often per table
 //! max_open_shards = 1024         # per table; rows for one more: RESOURCE_EXHAUSTED
 //! shard_idle_secs = 600          # close a shard no rows arrived for this long (0: never)
+//! schema_poll_ms = 5000          # follow a base-table schema change within this (0: on `evolve` only)
 //! token = "…"                    # require `authorization: Bearer …`
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -39,7 +40,8 @@
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_CONNECTIONS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
-//! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, `MEMWAL_MAX_OPEN_SHARDS`, `MEMWAL_SHARD_IDLE_SECS`, //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
+//! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, `MEMWAL_MAX_OPEN_SHARDS`, `MEMWAL_SHARD_IDLE_SECS`, `MEMWAL_SCHEMA_POLL_MS`,
+//! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
 //! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
 //!
@@ -103,6 +105,9 @@ pub struct ServeConfig {
     /// A shard no rows arrived for in this many seconds is flushed and
     /// closed, and its metric series dropped (0: never).
     pub shard_idle_secs: u64,
+    /// Every this many milliseconds the base table's schema is read and a
+    /// change followed by every live shard (0: only on the `evolve` action).
+    pub schema_poll_ms: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
     /// A file holding the bearer token (its first line): keeps it out of
@@ -138,6 +143,7 @@ impl Default for ServeConfig {
             min_flush_interval_ms: 1000,
             max_open_shards: 1024,
             shard_idle_secs: 600,
+            schema_poll_ms: 5000,
             token: None,
             token_file: None,
             tls_cert: None,
@@ -222,6 +228,11 @@ pub struct ServeArgs {
     /// [default: 600].
     #[arg(long)]
     pub shard_idle_secs: Option<u64>,
+    /// Read the base table's schema this often and follow a change (a
+    /// column added or dropped) on every live shard; 0: only on the
+    /// `evolve` action [default: 5000].
+    #[arg(long)]
+    pub schema_poll_ms: Option<u64>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
     /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
@@ -327,6 +338,9 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.shard_idle_secs {
         put("shard_idle_secs", s.into());
     }
+    if let Some(s) = args.schema_poll_ms {
+        put("schema_poll_ms", s.into());
+    }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
@@ -381,6 +395,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "min_flush_interval_ms",
             "max_open_shards",
             "shard_idle_secs",
+            "schema_poll_ms",
             "token",
             "token_file",
             "tls_cert",

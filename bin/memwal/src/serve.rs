@@ -144,6 +144,18 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         .values()
         .map(|h| h.spawn_reopener(Duration::from_secs(1), stop_rx.clone()))
         .collect();
+    // A column added to or dropped from a base table reaches its live
+    // shards within `schema_poll_ms` (or at once on the `evolve` action).
+    let schema_watches: Vec<_> = if args.schema_poll_ms > 0 {
+        hosts
+            .values()
+            .map(|h| {
+                h.spawn_schema_watch(Duration::from_millis(args.schema_poll_ms), stop_rx.clone())
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
 
     let _ = opened.set(hosts.clone());
 
@@ -240,7 +252,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     }
     // A reopen still running is dropped (at worst a claim nobody uses:
     // fencing makes that harmless); the shards then close.
-    for r in reopeners {
+    for r in reopeners.into_iter().chain(schema_watches) {
         r.abort();
     }
     let closes = futures::future::join_all(hosts.iter().map(|(name, host)| async move {

@@ -784,3 +784,6 @@ async fn memwal_query_reads_back_acked_rows() {
     assert!(!ok && err.contains("nope"), "{out}{err}");
     d.stop_ok();
 }
+
+#[path = "daemon/schema.rs"]
+mod schema;

@@ -139,11 +139,14 @@ fn columns(base: &Dataset, sst: &Dataset, uri: &str, dir: &str) -> Result<Column
             keys.push(read.len());
         }
         if present.is_none() && !arrow.is_nullable() {
-            return Err(CompactorError::Corrupt {
+            // A schema change, not damage: the column was added (as
+            // non-nullable) after this SSTable was written.
+            return Err(CompactorError::InvalidInput {
                 uri: uri.to_string(),
                 reason: format!(
-                    "SSTable `{dir}` lacks column `{}`, which the base table declares \
-                     non-nullable",
+                    "SSTable `{dir}` predates column `{}`, which the base table declares \
+                     non-nullable: its rows have no value for it. Columns added while \
+                     ingesting must be nullable (make it nullable to compact)",
                     f.name
                 ),
             });

@@ -1,12 +1,61 @@
-//! Matching a batch's columns to its table: puts conformed by column
-//! name ([`TableHost::conform`]), then checked ([`TableHost::check_schema`]).
+//! Matching a batch's columns to its table: one version of the table's
+//! columns ([`Shape`]), puts conformed to it by column name
+//! ([`TableHost::conform`]), then checked ([`TableHost::check_schema`]).
 
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use arrow_schema::Schema;
+use arrow_schema::{Schema, SchemaRef};
+use memwal_sharding::ShardRouter;
 
 use crate::{ServerError, TableHost};
+
+/// One version of a served table's columns, and what is derived from it:
+/// the key columns, the whole-batch validator and the routers. Replaced
+/// whole when the table's schema changes, so one put sees one version.
+pub(crate) struct Shape {
+    pub schema: SchemaRef,
+    /// The primary-key columns (what a delete sends).
+    pub key_schema: SchemaRef,
+    /// Validates whole batches before they are split (a bad row must fail
+    /// the batch, not only its shard's part).
+    pub validator: memwal_memtable::TableSchema,
+    /// Rows' and keys' routers; `None` for an unsharded table (one shard,
+    /// no routing).
+    pub router: Option<(ShardRouter, ShardRouter)>,
+}
+
+impl Shape {
+    /// The shape of `schema` (the base table's, with field ids) under `spec`.
+    pub(crate) fn build(
+        spec: &memwal_proto::ShardingSpec,
+        schema: SchemaRef,
+    ) -> Result<Self, String> {
+        let keys: Vec<usize> = schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.metadata().contains_key(memwal_memtable::PRIMARY_KEY_KEY))
+            .map(|(i, _)| i)
+            .collect();
+        let key_schema = Arc::new(schema.project(&keys).map_err(|e| e.to_string())?);
+        let router = ShardRouter::new(spec, &schema).map_err(|e| e.to_string())?;
+        let router = if router.constant_values().is_some() {
+            None
+        } else {
+            let key_router = ShardRouter::new(spec, &key_schema).map_err(|e| e.to_string())?;
+            Some((router, key_router))
+        };
+        let validator =
+            memwal_memtable::TableSchema::new(schema.clone()).map_err(|e| e.to_string())?;
+        Ok(Self {
+            schema,
+            key_schema,
+            validator,
+            router,
+        })
+    }
+}
 
 impl TableHost {
     /// A put batch in the table's column order with every table column:
@@ -15,9 +64,13 @@ impl TableHost {
     /// a column the table does not have refused, naming it. `None`: the
     /// batch has exactly the table's columns in order already (or cannot
     /// be conformed by name: [`Self::check_schema`] then says why).
-    pub(crate) fn conform(&self, batch: &RecordBatch) -> Result<Option<RecordBatch>, ServerError> {
+    pub(crate) fn conform(
+        &self,
+        shape: &Shape,
+        batch: &RecordBatch,
+    ) -> Result<Option<RecordBatch>, ServerError> {
         let got = batch.schema();
-        let want = self.schema();
+        let want = &shape.schema;
         let same = got.fields().len() == want.fields().len()
             && got
                 .fields()
@@ -78,13 +131,14 @@ impl TableHost {
 
     pub(crate) fn check_schema(
         &self,
+        shape: &Shape,
         batch: &RecordBatch,
         delete: bool,
     ) -> Result<(), ServerError> {
         let want: &Schema = if delete {
-            self.key_schema()
+            &shape.key_schema
         } else {
-            self.schema()
+            &shape.schema
         };
         let got = batch.schema();
         let bad = |reason: String| ServerError::InvalidInput {

@@ -1,6 +1,6 @@
 //! The Arrow Flight service: `DoPut` ingestion (rows, or key-only deletes
 //! with the descriptor path `[NAME, "delete"]`), `GetFlightInfo` /
-//! `GetSchema` for a table's schema, `DoAction` `flush` and `status`.
+//! `GetSchema` for a table's schema, `DoAction` `flush`, `evolve` and `status`.
 //! Command descriptors and tickets are Flight SQL ([`crate::sql`]: bulk
 //! ingest and `GetSqlInfo`).
 
@@ -147,7 +147,7 @@ impl FlightService for IngestService {
         self.authorize(&request)?;
         let mut infos = Vec::new();
         for (name, t) in self.tables.iter() {
-            infos.push(flight_info(name, t.schema())?);
+            infos.push(flight_info(name, &t.schema())?);
         }
         Ok(Response::new(Box::pin(futures::stream::iter(
             infos.into_iter().map(Ok),
@@ -165,7 +165,7 @@ impl FlightService for IngestService {
             ));
         }
         let (t, _) = self.target(request.get_ref())?;
-        Ok(Response::new(flight_info(t.name(), t.schema())?))
+        Ok(Response::new(flight_info(t.name(), &t.schema())?))
     }
 
     async fn poll_flight_info(
@@ -187,7 +187,7 @@ impl FlightService for IngestService {
         }
         let (t, delete) = self.target(request.get_ref())?;
         let schema = if delete { t.key_schema() } else { t.schema() };
-        Ok(Response::new(schema_result(&wire_schema(schema))?))
+        Ok(Response::new(schema_result(&wire_schema(&schema))?))
     }
 
     async fn do_get(
@@ -291,6 +291,15 @@ impl FlightService for IngestService {
                 t.flush().await.map_err(Status::from)?;
                 json!({ "table": name, "flushed": true })
             }
+            "evolve" => {
+                // Follow a schema change now rather than at the next poll.
+                let changed = t.evolve().await.map_err(Status::from)?;
+                json!({
+                    "table": name,
+                    "changed": changed,
+                    "columns": t.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>(),
+                })
+            }
             "status" => json!({
                 "table": name,
                 "shards": t.status().await,
@@ -298,7 +307,7 @@ impl FlightService for IngestService {
             }),
             other => {
                 return Err(Status::invalid_argument(format!(
-                    "unknown action `{other}` (flush, status)"
+                    "unknown action `{other}` (flush, evolve, status)"
                 )))
             }
         };
@@ -319,6 +328,10 @@ impl FlightService for IngestService {
             (
                 "flush",
                 "freeze, flush and publish every shard of the table named in the body",
+            ),
+            (
+                "evolve",
+                "follow the base table's current schema now (every live shard of the table named in the body)",
             ),
             (
                 "status",

@@ -11,6 +11,7 @@ mod columns;
 mod conns;
 mod decode;
 mod error;
+mod evolve;
 mod flight;
 pub mod http;
 mod limits;

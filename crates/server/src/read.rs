@@ -91,7 +91,7 @@ impl TableHost {
         for s in snapshots.into_values() {
             unflushed.extend(s.batches);
         }
-        merge(self.schema(), &keys, &published, &unflushed).map_err(failed)
+        merge(&self.schema(), &keys, &published, &unflushed).map_err(failed)
     }
 }
 
@@ -110,19 +110,15 @@ pub(crate) fn merge(
         schema
             .fields()
             .iter()
-            .map(|f| Field::new(f.name(), f.data_type().clone(), true))
+            .map(|f| f.as_ref().clone().with_nullable(true))
             .collect::<Vec<_>>(),
     ));
     let project = |b: &RecordBatch| -> Result<RecordBatch, String> {
         let columns = loose
             .fields()
             .iter()
-            .map(|f| {
-                b.column_by_name(f.name())
-                    .cloned()
-                    .ok_or_else(|| format!("a stored batch lacks column `{}`", f.name()))
-            })
-            .collect::<Result<Vec<ArrayRef>, _>>()?;
+            .map(|f| column_or_nulls(b, f))
+            .collect::<Vec<ArrayRef>>();
         RecordBatch::try_new(loose.clone(), columns).map_err(|e| e.to_string())
     };
     let mut sources = vec![project(published)?];
@@ -181,6 +177,26 @@ pub(crate) fn merge(
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| e.to_string())
 }
 
+/// `b`'s column for the table column `f`: matched by Lance field id where
+/// both carry one (a column renamed since `b` was taken keeps its
+/// values), else by name; nulls where `b` predates the column (a
+/// generation taken before it was added).
+fn column_or_nulls(b: &RecordBatch, f: &Field) -> ArrayRef {
+    let id = |f: &Field| f.metadata().get(memwal_memtable::FIELD_ID_KEY).cloned();
+    let schema = b.schema();
+    let by_id = id(f).and_then(|want| {
+        schema
+            .fields()
+            .iter()
+            .position(|g| g.name() != TOMBSTONE && id(g).as_ref() == Some(&want))
+    });
+    let found = match by_id {
+        Some(i) => Some(b.column(i).clone()),
+        None => b.column_by_name(f.name()).cloned(),
+    };
+    found.unwrap_or_else(|| arrow_array::new_null_array(f.data_type(), b.num_rows()))
+}
+
 /// An append-only table's rows: the base, the view's SSTables and the
 /// unflushed rows, all of them (no key to merge by).
 async fn append_only(
@@ -206,12 +222,8 @@ async fn append_only(
         let columns = schema
             .fields()
             .iter()
-            .map(|f| {
-                b.column_by_name(f.name())
-                    .cloned()
-                    .ok_or_else(|| format!("a stored batch lacks column `{}`", f.name()))
-            })
-            .collect::<Result<Vec<ArrayRef>, _>>()?;
+            .map(|f| column_or_nulls(&b, f))
+            .collect::<Vec<ArrayRef>>();
         RecordBatch::try_new(schema.clone(), columns)
             .map(Some)
             .map_err(|e| e.to_string())
@@ -250,5 +262,5 @@ async fn append_only(
     for b in unflushed {
         out.extend(project(b)?);
     }
-    arrow_select::concat::concat_batches(schema, &out).map_err(|e| e.to_string())
+    arrow_select::concat::concat_batches(&schema, &out).map_err(|e| e.to_string())
 }

@@ -161,7 +161,7 @@ pub(crate) async fn do_get(
                     crate::query::SCHEMA,
                     name,
                     "TABLE",
-                    tables[name].schema(),
+                    &tables[name].schema(),
                 )
                 .map_err(|e| Status::internal(e.to_string()))?;
             }

@@ -8,12 +8,12 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use memwal::{ShardId, ShardWriter, ShardWriterConfig, ShardingConfig, StoreLocation};
 use memwal_fencing::ShardIdentity;
-use memwal_sharding::ShardRouter;
 use memwal_sstable::LanceStore;
 use memwal_store::RetryPolicy;
 use memwal_table::BaseTable;
 use serde::Serialize;
 
+use crate::columns::Shape;
 use crate::error::FailedPart;
 use crate::limits::ShardLimits;
 use crate::slots::{self, Slot, Slots};
@@ -105,14 +105,15 @@ impl ShardStatus {
 pub struct TableHost {
     name: String,
     pub(crate) loc: StoreLocation,
-    schema: SchemaRef,
-    key_schema: SchemaRef,
-    /// Validates whole batches before they are split (a bad row must fail
-    /// the batch, not only its shard's part).
-    validator: memwal_memtable::TableSchema,
+    /// The columns puts are checked and routed by: one version of the
+    /// base table's schema, replaced whole by [`Self::evolve`].
+    pub(crate) shape: parking_lot::RwLock<Arc<Shape>>,
+    /// One schema change at a time.
+    pub(crate) evolving: tokio::sync::Mutex<()>,
+    pub(crate) spec: memwal_proto::ShardingSpec,
     spec_id: u32,
-    /// `None` for an unsharded table (one shard, no routing).
-    router: Option<(ShardRouter, ShardRouter)>,
+    /// An unsharded table: one shard, no routing.
+    unsharded: bool,
     config: ShardWriterConfig,
     /// The shards this daemon may claim (`None`: all of them).
     owned: Option<Owned>,
@@ -254,33 +255,13 @@ impl TableHost {
             .ok_or_else(|| {
                 setup("the table has no MemWAL sharding spec (create it with `memwal init`)".into())
             })?;
-        let schema = base.schema.clone();
-        let keys: Vec<usize> = schema
-            .fields()
-            .iter()
-            .enumerate()
-            .filter(|(_, f)| {
-                f.metadata()
-                    .contains_key("lance-schema:unenforced-primary-key")
-            })
-            .map(|(i, _)| i)
-            .collect();
-        let key_schema = Arc::new(schema.project(&keys).map_err(|e| setup(e.to_string()))?);
+        let shape = Shape::build(&spec, base.schema.clone()).map_err(setup)?;
         let owned = buckets
             .map(|b| bucket_keys(&spec, b))
             .transpose()
             .map_err(setup)?;
-        let router = ShardRouter::new(&spec, &schema).map_err(|e| setup(e.to_string()))?;
-        let router = if router.constant_values().is_some() {
-            None
-        } else {
-            let key_router =
-                ShardRouter::new(&spec, &key_schema).map_err(|e| setup(e.to_string()))?;
-            Some((router, key_router))
-        };
-        let validator =
-            memwal_memtable::TableSchema::new(schema.clone()).map_err(|e| setup(e.to_string()))?;
-        let enumerable = if router.is_none() {
+        let unsharded = shape.router.is_none();
+        let enumerable = if unsharded {
             Some(vec![ShardKey::new()])
         } else {
             num_buckets(&spec)
@@ -291,11 +272,11 @@ impl TableHost {
         let host = Self {
             name: name.to_string(),
             loc,
-            schema,
-            key_schema,
-            validator,
+            shape: parking_lot::RwLock::new(Arc::new(shape)),
+            evolving: Default::default(),
             spec_id: spec.spec_id,
-            router,
+            spec,
+            unsharded,
             config,
             owned,
             enumerable,
@@ -315,14 +296,20 @@ impl TableHost {
         &self.name
     }
 
-    /// The table's Arrow schema (what a put sends).
-    pub fn schema(&self) -> &SchemaRef {
-        &self.schema
+    /// The table's Arrow schema (what a put sends), as of the last schema
+    /// change this host followed ([`Self::evolve`]).
+    pub fn schema(&self) -> SchemaRef {
+        self.shape.read().schema.clone()
     }
 
     /// The primary-key columns (what a delete sends).
-    pub fn key_schema(&self) -> &SchemaRef {
-        &self.key_schema
+    pub fn key_schema(&self) -> SchemaRef {
+        self.shape.read().key_schema.clone()
+    }
+
+    /// The columns puts are checked and routed by now.
+    pub(crate) fn shape(&self) -> Arc<Shape> {
+        self.shape.read().clone()
     }
 
     async fn open_existing(&self) -> Result<(), ServerError> {
@@ -403,7 +390,7 @@ impl TableHost {
 
     /// Unsharded tables have one shard whatever its manifest records.
     fn key_of(&self, values: ShardKey) -> ShardKey {
-        if self.router.is_none() {
+        if self.unsharded {
             ShardKey::new()
         } else {
             values
@@ -681,27 +668,35 @@ impl TableHost {
         delete: bool,
     ) -> Result<Vec<PartAck>, ServerError> {
         self.check_open()?;
-        let conformed = if delete { None } else { self.conform(batch)? };
+        // One version of the table's columns for the whole put (a schema
+        // change landing meanwhile is met by the writers: see
+        // `ShardWriter::evolve_to`).
+        let shape = self.shape();
+        let conformed = if delete {
+            None
+        } else {
+            self.conform(&shape, batch)?
+        };
         let batch = conformed.as_ref().unwrap_or(batch);
-        self.check_schema(batch, delete)?;
+        self.check_schema(&shape, batch, delete)?;
         if batch.num_rows() == 0 {
             return Ok(Vec::new());
         }
         // Null keys, nulls in non-nullable columns: refused for the whole
         // batch before any part reaches a shard. (Unsharded: one part, and
         // its writer refuses it whole.)
-        if self.router.is_some() {
+        if shape.router.is_some() {
             let checked = if delete {
-                self.validator.tombstone_batch(batch)
+                shape.validator.tombstone_batch(batch)
             } else {
-                self.validator.to_storage(batch)
+                shape.validator.to_storage(batch)
             };
             checked.map_err(|e| ServerError::InvalidInput {
                 table: self.name.clone(),
                 reason: e.to_string(),
             })?;
         }
-        let parts: Vec<(ShardKey, RecordBatch)> = match &self.router {
+        let parts: Vec<(ShardKey, RecordBatch)> = match &shape.router {
             None => vec![(ShardKey::new(), batch.clone())],
             Some((rows, keys)) => {
                 let router = if delete { keys } else { rows };

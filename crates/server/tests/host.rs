@@ -825,7 +825,7 @@ async fn an_append_only_table_reads_every_row_written() {
 // batch spanning shards opened before and after must be written whole,
 // the new column null for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_column_is_added_every_shard_takes_the_old_schema() {
+async fn before_the_host_follows_an_added_column_every_shard_takes_the_old_schema() {
     let dir = tempfile::tempdir().unwrap();
     let loc = bucket_table(&dir).await;
     let host = TableHost::open("t", loc, ShardWriterConfig::default())
@@ -918,3 +918,6 @@ async fn reads_during_writes_and_flushes_hold_the_snapshot_rules() {
     assert!(reads >= 5);
     host.close().await.unwrap();
 }
+
+#[path = "host/schema.rs"]
+mod schema;

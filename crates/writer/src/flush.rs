@@ -39,7 +39,6 @@ pub(crate) struct FlushCtx {
     pub manifests: Arc<ManifestStore>,
     pub epoch: u64,
     pub sstables: SsTableWriter,
-    pub schema: Arc<TableSchema>,
     /// The base table, read at each publish for the shard's compaction
     /// progress (SSTables it holds are dropped from the manifest).
     pub base: Arc<LanceStore>,
@@ -61,12 +60,18 @@ pub(crate) struct MaintainedSet {
 
 impl FlushCtx {
     /// One attempt at writing generation `generation`'s SSTable (a fresh
-    /// directory every time).
-    pub(crate) async fn write(&self, generation: u64, data: &FlushData) -> Result<WrittenSsTable> {
+    /// directory every time) in `schema`, the schema its rows were taken
+    /// in.
+    pub(crate) async fn write(
+        &self,
+        generation: u64,
+        schema: &TableSchema,
+        data: &FlushData,
+    ) -> Result<WrittenSsTable> {
         let span = tracing::info_span!("flush", generation, rows = data.stats.physical_rows);
-        let indexes = self.maintained_indexes().await;
+        let indexes = self.maintained_indexes(schema).await;
         self.sstables
-            .write_indexed(&self.schema, generation, data, &indexes)
+            .write_indexed(schema, generation, data, &indexes)
             .instrument(span)
             .await
             .map_err(|e| {
@@ -144,9 +149,10 @@ impl FlushCtx {
     /// The indexes an SSTable written now carries: the base table's
     /// maintained set as of its latest version (under `maintain_all_indexes`
     /// an index created since the last flush is included, a dropped one
-    /// left out), restricted to columns this writer's schema has; the last
-    /// set resolved when the base cannot be read or resolved now.
-    async fn maintained_indexes(&self) -> Arc<[IndexSpec]> {
+    /// left out), restricted to columns `schema` (the generation's) has,
+    /// under the same field id; the last set resolved when the base cannot
+    /// be read or resolved now.
+    async fn maintained_indexes(&self, schema: &TableSchema) -> Arc<[IndexSpec]> {
         let resolved = BaseTable::load(&self.base, &self.base_root)
             .await
             .and_then(|t| t.maintained_indexes());
@@ -156,7 +162,7 @@ impl FlushCtx {
                 let mut specs = Vec::with_capacity(m.specs.len());
                 let mut skipped = m.skipped;
                 for spec in m.specs {
-                    match self.schema.storage_schema().field_with_name(&spec.column) {
+                    match schema.storage_schema().field_with_name(&spec.column) {
                         Ok(f)
                             if f.metadata().get(memwal_memtable::FIELD_ID_KEY)
                                 == Some(&spec.field_id.to_string()) =>
@@ -320,7 +326,7 @@ async fn write_retrying(
             return Err(Error::closed("the writer stopped"));
         }
         attempt += 1;
-        match inner.ctx.write(generation, &data).await {
+        match inner.ctx.write(generation, memtable.schema(), &data).await {
             Ok(w) => return Ok(w),
             Err(e) => after_failure(inner, e, attempt).await?,
         }

@@ -39,7 +39,8 @@ pub(crate) fn freeze_locked(
             return Err(err);
         }
     };
-    let active = std::mem::replace(&mut st.active, MemTable::new(inner.schema.clone()));
+    let schema = st.active.schema().clone();
+    let active = std::mem::replace(&mut st.active, MemTable::new(schema));
     let memtable = active.freeze();
     st.generation = generation + 1;
     st.active_since = None;

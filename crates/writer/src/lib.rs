@@ -20,7 +20,8 @@
 //! published). Then
 //! [`ShardWriter::put`] / [`ShardWriter::delete`] (durable, group-committed),
 //! [`ShardWriter::flush`], [`ShardWriter::close`] or [`ShardWriter::abort`]
-//! (dropping = abort).
+//! (dropping = abort). [`ShardWriter::evolve_to`] moves a live writer onto
+//! a new version of the table's schema at a generation boundary.
 //!
 //! Only durable writes are supported (there is no non-durable mode).
 //!
@@ -34,6 +35,7 @@
 mod backpressure;
 mod config;
 mod error;
+mod evolve;
 mod flush;
 mod freeze;
 mod open;

@@ -138,7 +138,6 @@ async fn open_inner(
             storage_version,
         )
         .with_compression(config.sstable_compression),
-        schema: schema.clone(),
         base: Arc::new(lance),
         base_root: loc.root.clone(),
         meters,
@@ -157,14 +156,13 @@ async fn open_inner(
         shard,
         epoch,
         sentinel,
-        schema: schema.clone(),
-        router,
         flush_permits: Arc::new(Semaphore::new(config.flush_concurrency)),
         config: config.clone(),
         ctx,
         state: Mutex::new(State {
             appender: None,
             active: MemTable::new(schema.clone()),
+            routing: router.map(Arc::new),
             generation: manifest.current_generation.max(1),
             active_since: None,
             frozen: VecDeque::new(),
@@ -253,6 +251,10 @@ async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> Result<u64>
         all.reverse();
         entries = Box::pin(futures::stream::iter(all));
     }
+    // Entries are matched to the schema the writer opened with by field id
+    // (an entry written before a column was added or dropped replays:
+    // missing columns null, dropped ones ignored).
+    let schema = inner.state.lock().active.schema().clone();
     let mut next_generation = manifest.current_generation.max(1);
     let mut current: Option<Rebuild> = None;
     while let Some(entry) = entries.next().await {
@@ -268,13 +270,12 @@ async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> Result<u64>
         }
         let rebuild = current.get_or_insert_with(|| Rebuild {
             generation,
-            memtable: MemTable::new(ctx.schema.clone()),
+            memtable: MemTable::new(schema.clone()),
             first_position: entry.position,
             last_position: entry.position,
         });
         for batch in entry.batches.iter().filter(|b| b.num_rows() > 0) {
-            let storage = ctx
-                .schema
+            let storage = schema
                 .to_storage_for_replay(batch)
                 .map_err(|e| Error::Corrupt {
                     reason: format!(

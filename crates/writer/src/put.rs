@@ -9,10 +9,11 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use arrow_array::RecordBatch;
-use memwal_memtable::batch_payload_bytes;
+use memwal_memtable::{batch_payload_bytes, TableSchema, TOMBSTONE_COLUMN};
 use memwal_wal::{AppendTicket, WalError};
 use tracing::Instrument;
 
+use crate::resolve::Routing;
 use crate::writer::{Inner, State};
 use crate::{Error, Result};
 
@@ -77,35 +78,52 @@ impl Future for PutHandle {
 /// A user (or storage) batch in storage form, checked against the shard.
 /// A user batch that lacks nullable columns of the table (and has no
 /// column the table lacks) is written with them null: a producer that
-/// predates a column added to the table keeps writing.
+/// predates a column added to the table keeps writing. A user batch with
+/// a column the table does not have is refused, naming it.
 pub(crate) fn validate_put(inner: &Inner, batch: &RecordBatch) -> Result<RecordBatch> {
-    inner.state.lock().check_usable()?;
-    let filled = fill_missing_nullable(inner.schema.table_schema(), batch);
+    let (schema, routing) = shape(inner)?;
+    let filled = fill_missing_nullable(schema.table_schema(), batch)?;
     let batch = filled.as_ref().unwrap_or(batch);
-    let storage = inner
-        .schema
-        .to_storage(batch)
-        .map_err(Error::from_memtable)?;
-    check_shard(inner, &storage)?;
+    let storage = schema.to_storage(batch).map_err(Error::from_memtable)?;
+    check_shard(routing.as_deref(), &storage)?;
     Ok(storage)
+}
+
+fn shape(inner: &Inner) -> Result<(Arc<TableSchema>, Option<Arc<Routing>>)> {
+    let st = inner.state.lock();
+    st.check_usable()?;
+    Ok(st.shape())
 }
 
 /// `batch` in `table`'s column order with its missing nullable columns
 /// null-filled; `None` when there is nothing to fill or the batch cannot be
-/// filled (a storage batch, a column the table lacks, a missing
-/// non-nullable column: validation then refuses it, naming why).
+/// filled (a storage batch, a missing non-nullable column: validation then
+/// refuses it, naming why). A user batch with a column the table lacks is
+/// refused here, naming the column.
 fn fill_missing_nullable(
     table: &arrow_schema::SchemaRef,
     batch: &RecordBatch,
-) -> Option<RecordBatch> {
+) -> Result<Option<RecordBatch>> {
     let got = batch.schema();
-    if got.fields().len() >= table.fields().len()
-        || got
-            .fields()
-            .iter()
-            .any(|f| table.index_of(f.name()).is_err())
-    {
-        return None;
+    if got.column_with_name(TOMBSTONE_COLUMN).is_some() {
+        return Ok(None);
+    }
+    let unknown: Vec<&str> = got
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .filter(|n| table.index_of(n).is_err())
+        .collect();
+    if !unknown.is_empty() {
+        let has: Vec<&str> = table.fields().iter().map(|f| f.name().as_str()).collect();
+        return Err(Error::invalid(format!(
+            "a put sends column(s) {} the table does not have (it has {})",
+            unknown.join(", "),
+            has.join(", ")
+        )));
+    }
+    if got.fields().len() >= table.fields().len() {
+        return Ok(None);
     }
     let mut fields = Vec::with_capacity(table.fields().len());
     let mut columns = Vec::with_capacity(table.fields().len());
@@ -119,23 +137,20 @@ fn fill_missing_nullable(
                 fields.push(f.clone());
                 columns.push(arrow_array::new_null_array(f.data_type(), batch.num_rows()));
             }
-            Err(_) => return None,
+            Err(_) => return Ok(None),
         }
     }
     let schema = std::sync::Arc::new(arrow_schema::Schema::new(fields));
-    RecordBatch::try_new(schema, columns).ok()
+    Ok(RecordBatch::try_new(schema, columns).ok())
 }
 
 /// The tombstone batch for `keys`, checked against the shard (the sharding
 /// columns must be key columns for deletes to route; docs/memwal-format.md: every
 /// primary key maps to exactly one shard).
 pub(crate) fn validate_delete(inner: &Inner, keys: &RecordBatch) -> Result<RecordBatch> {
-    inner.state.lock().check_usable()?;
-    let storage = inner
-        .schema
-        .tombstone_batch(keys)
-        .map_err(Error::from_memtable)?;
-    check_shard(inner, &storage)?;
+    let (schema, routing) = shape(inner)?;
+    let storage = schema.tombstone_batch(keys).map_err(Error::from_memtable)?;
+    check_shard(routing.as_deref(), &storage)?;
     Ok(storage)
 }
 
@@ -153,18 +168,30 @@ pub(crate) fn check_size(inner: &Inner, storage: &RecordBatch) -> Result<usize> 
     Ok(bytes)
 }
 
-fn check_shard(inner: &Inner, storage: &RecordBatch) -> Result<()> {
-    if let Some((router, expected)) = &inner.router {
-        router
-            .check_batch(storage, expected)
-            .map_err(Error::from_sharding)?;
+fn check_shard(routing: Option<&Routing>, storage: &RecordBatch) -> Result<()> {
+    routing.map_or(Ok(()), |r| r.check(storage))
+}
+
+/// `storage`, checked under the state lock against the active memtable's
+/// schema: a batch validated against an older schema (the writer followed
+/// a schema change in between) is matched to the new one by field id, as
+/// replay would match its WAL entry (a column added since is null, one
+/// dropped since is left out: the put is ordered before the change).
+fn current_form(st: &State, storage: RecordBatch) -> Result<RecordBatch> {
+    let schema = st.active.schema();
+    if Arc::ptr_eq(&storage.schema(), schema.storage_schema()) {
+        return Ok(storage);
     }
-    Ok(())
+    let storage = schema
+        .to_storage_for_replay(&storage)
+        .map_err(Error::from_memtable)?;
+    check_shard(st.routing.as_deref(), &storage)?;
+    Ok(storage)
 }
 
 /// Waits for room (backpressure), then appends `storage` to the WAL and
 /// inserts it into the active memtable under the state lock.
-pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<PutHandle> {
+pub(crate) async fn submit(inner: &Arc<Inner>, mut storage: RecordBatch) -> Result<PutHandle> {
     let span = tracing::debug_span!("append", rows = storage.num_rows());
     async {
         let started = Instant::now();
@@ -177,6 +204,7 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
                 let mut st = inner.state.lock();
                 st.check_usable()?;
                 if st.unflushed_bytes() < inner.config.max_unflushed_bytes {
+                    storage = current_form(&st, storage)?;
                     let ticket = append_locked(inner, &mut st, &storage, bytes)?;
                     inner.record_unflushed(&st);
                     return Ok(PutHandle {

@@ -21,7 +21,39 @@ pub(crate) struct ResolvedSharding {
     pub identity: ShardIdentity,
     /// The router and the values every row must map to; `None` for a
     /// manual shard (rows are not routed).
-    pub router: Option<(ShardRouter, BTreeMap<String, Vec<u8>>)>,
+    pub router: Option<Routing>,
+}
+
+/// The check every row of a shard passes: the table's sharding spec
+/// compiled against one version of the table's schema, and the shard
+/// field values its rows must map to.
+pub(crate) struct Routing {
+    pub spec: ShardingSpec,
+    pub router: ShardRouter,
+    pub values: BTreeMap<String, Vec<u8>>,
+}
+
+impl Routing {
+    /// The same spec and values compiled against `schema` (a later
+    /// version of the table's schema): refused when the spec's columns
+    /// are gone or no longer key columns.
+    pub(crate) fn for_schema(&self, schema: &TableSchema) -> Result<Self> {
+        let router =
+            ShardRouter::new(&self.spec, schema.table_schema()).map_err(Error::from_sharding)?;
+        check_sources_are_keys(&router, schema)?;
+        Ok(Self {
+            spec: self.spec.clone(),
+            router,
+            values: self.values.clone(),
+        })
+    }
+
+    /// Refuses a storage batch holding a row of another shard.
+    pub(crate) fn check(&self, storage: &arrow_array::RecordBatch) -> Result<()> {
+        self.router
+            .check_batch(storage, &self.values)
+            .map_err(Error::from_sharding)
+    }
 }
 
 /// Resolves the spec and this shard's field values. Refuses (with
@@ -153,7 +185,11 @@ pub(crate) fn resolve_sharding(
     };
     Ok(ResolvedSharding {
         identity,
-        router: Some((router, values)),
+        router: Some(Routing {
+            spec,
+            router,
+            values,
+        }),
     })
 }
 

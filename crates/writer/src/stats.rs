@@ -33,6 +33,8 @@ pub mod names {
     /// cannot build under `maintain_all_indexes`, a listed index the base
     /// lacks, a column the writer's schema lacks); once per index name.
     pub const INDEXES_SKIPPED: &str = "memwal_writer_indexes_skipped_total";
+    /// Counter: moves onto a new version of the table's schema.
+    pub const SCHEMA_CHANGES: &str = "memwal_writer_schema_changes_total";
 }
 
 /// The writer's metric handles, every one labelled `shard` (its id), so a
@@ -52,6 +54,7 @@ pub(crate) struct Meters {
     pub epoch: metrics::Gauge,
     pub fenced: metrics::Counter,
     pub indexes_skipped: metrics::Counter,
+    pub schema_changes: metrics::Counter,
 }
 
 impl std::fmt::Debug for Meters {
@@ -80,6 +83,7 @@ impl Meters {
             epoch: metrics::gauge!(names::EPOCH, &l()),
             fenced: metrics::counter!(names::FENCED, &l()),
             indexes_skipped: metrics::counter!(names::INDEXES_SKIPPED, &l()),
+            schema_changes: metrics::counter!(names::SCHEMA_CHANGES, &l()),
             shard,
         }
     }

@@ -1,6 +1,6 @@
 //! [`ShardWriter`]: the public handle, and the state its tasks share.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,7 +8,6 @@ use std::time::Instant;
 use arrow_array::RecordBatch;
 use memwal_fencing::{ShardId, ShardManifest};
 use memwal_memtable::{FrozenMemTable, MemTable, TableSchema};
-use memwal_sharding::ShardRouter;
 use memwal_wal::WalAppender;
 use parking_lot::Mutex;
 use tokio::sync::{watch, Semaphore};
@@ -18,6 +17,7 @@ use crate::config::ShardWriterConfig;
 use crate::flush::FlushCtx;
 use crate::open::TableLocation;
 use crate::put::PutHandle;
+use crate::resolve::Routing;
 use crate::stats::WriterStats;
 use crate::{Error, Result};
 
@@ -36,7 +36,13 @@ pub(crate) struct Frozen {
 pub(crate) struct State {
     /// `None` once closed, aborted or terminal.
     pub appender: Option<WalAppender>,
+    /// Its schema ([`MemTable::schema`]) is the one puts are checked
+    /// against now; a schema change ([`ShardWriter::evolve_to`]) swaps in
+    /// an empty memtable of the new schema at a generation boundary.
     pub active: MemTable,
+    /// The routing check for rows of `active`'s schema (`None`: a manual
+    /// shard, rows not routed); replaced together with the schema.
+    pub routing: Option<Arc<Routing>>,
     /// Generation of `active`.
     pub generation: u64,
     /// When the first row of `active` arrived.
@@ -60,6 +66,11 @@ impl State {
         }
     }
 
+    /// The schema and routing check puts are validated against now.
+    pub(crate) fn shape(&self) -> (Arc<TableSchema>, Option<Arc<Routing>>) {
+        (self.active.schema().clone(), self.routing.clone())
+    }
+
     pub(crate) fn unflushed_bytes(&self) -> usize {
         self.active.memory_usage().total() + self.frozen.iter().map(|f| f.bytes).sum::<usize>()
     }
@@ -70,8 +81,6 @@ pub(crate) struct Inner {
     pub shard: ShardId,
     pub epoch: u64,
     pub sentinel: u64,
-    pub schema: Arc<TableSchema>,
-    pub router: Option<(ShardRouter, BTreeMap<String, Vec<u8>>)>,
     pub config: ShardWriterConfig,
     pub ctx: FlushCtx,
     pub state: Mutex<State>,
@@ -228,9 +237,10 @@ impl ShardWriter {
         self.inner.epoch
     }
 
-    /// The table schema rows are validated against.
-    pub fn schema(&self) -> &Arc<TableSchema> {
-        &self.inner.schema
+    /// The table schema rows are validated against now (it changes when
+    /// the writer follows the base table's schema: [`Self::evolve_to`]).
+    pub fn schema(&self) -> Arc<TableSchema> {
+        self.inner.state.lock().active.schema().clone()
     }
 
     /// The latest manifest this writer claimed or wrote (its view; another

@@ -126,3 +126,58 @@ async fn compaction_merges_generations_of_older_schemas() {
             .into();
     assert_eq!(got, want);
 }
+
+// Breaks if one compaction group spanning three schema versions, written
+// by one live writer that followed each change (`ShardWriter::evolve`),
+// loses a row, fills a column for rows written before it existed, or
+// keeps a dropped column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_group_spanning_three_schema_versions_merges() {
+    let f = Fixture::new(true, TableSharding::Unsharded).await;
+    let shard = ShardId::random();
+    let w = f.open(shard, None).await;
+    let mut model = Model::new();
+    put(&w, &mut model, &[1, 2, 3], "a").await;
+    let mut ds = Dataset::open(&f.path).await.unwrap();
+    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
+    ds.add_columns(NewColumnTransform::AllNulls(extra), None, None)
+        .await
+        .unwrap();
+    assert_eq!(w.evolve().await.unwrap(), Some(2));
+    w.put(&with_extra(&[2, 4], "b")).await.unwrap();
+    // The third version drops `v`.
+    let mut ds = Dataset::open(&f.path).await.unwrap();
+    ds.drop_columns(&["v"]).await.unwrap();
+    assert_eq!(w.evolve().await.unwrap(), Some(3));
+    let only_extra = RecordBatch::try_from_iter(vec![
+        ("id", Arc::new(Int64Array::from(vec![3, 5])) as ArrayRef),
+        (
+            "extra",
+            Arc::new(StringArray::from(vec!["y-3", "y-5"])) as ArrayRef,
+        ),
+    ])
+    .unwrap();
+    w.put(&only_extra).await.unwrap();
+    w.close().await.unwrap();
+    assert_eq!(
+        w.stats().published_generation,
+        3,
+        "one generation per schema version"
+    );
+    f.compactor().run_once().await.unwrap().remove(0).unwrap();
+    let s = |x: &str| Some(x.to_string());
+    let want: BTreeMap<i64, (Option<String>, Option<String>)> = [
+        (1, (None, None)),
+        (2, (None, s("x-2"))),
+        (3, (None, s("y-3"))),
+        (4, (None, s("x-4"))),
+        (5, (None, s("y-5"))),
+    ]
+    .into();
+    assert_eq!(base_with_extra(&f.path).await, want);
+    let ds = Dataset::open(&f.path).await.unwrap();
+    assert!(
+        ds.schema().field("v").is_none(),
+        "the dropped column stays dropped"
+    );
+}

@@ -11,5 +11,6 @@ mod lifecycle;
 mod ordering;
 mod replay;
 mod replay_background;
+mod schema;
 mod support;
 mod table_config;

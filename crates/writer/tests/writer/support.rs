@@ -271,7 +271,7 @@ pub fn background_config() -> ShardWriterConfig {
 
 /// The table schema the writer derives (for the SSTable reader).
 pub fn table_schema(w: &ShardWriter) -> TableSchema {
-    (**w.schema()).clone()
+    (*w.schema()).clone()
 }
 
 /// Yields until `cond` holds; fails the test (instead of hanging) when it

@@ -1,0 +1,120 @@
+//! Following the base table's schema while serving: a column added to or
+//! dropped from the base table reaches every live shard without a restart
+//! (docs/design/schema-changes.md).
+
+use std::sync::Arc;
+
+use memwal_sstable::LanceStore;
+use memwal_table::BaseTable;
+
+use crate::columns::Shape;
+use crate::{ServerError, TableHost};
+
+impl TableHost {
+    /// Reads the base table's latest version and follows its schema:
+    /// every live shard writer moves onto it first (each freezing its
+    /// active generation, so no generation mixes schemas:
+    /// [`memwal::ShardWriter::evolve_to`]), then this host checks and
+    /// routes puts by it (`GetSchema` answers it). Returns whether the
+    /// host's schema changed.
+    ///
+    /// Writers go first because a writer on the new schema takes puts of
+    /// both versions (a missing nullable column is null), while the host's
+    /// check still admits only the old one: no shard ever refuses both
+    /// schemas. Idempotent and cheap when nothing changed (a writer opened
+    /// from an older base version is caught up as well). One runs at a
+    /// time. Refused ([`ServerError::InvalidInput`], nothing changed) when
+    /// the primary key changed; a writer that fails to follow is left to
+    /// its slot (a terminal writer is reopened, on the new schema).
+    pub async fn evolve(&self) -> Result<bool, ServerError> {
+        let _one = self.evolving.lock().await;
+        let lance = LanceStore::new(self.loc.store.clone());
+        let base =
+            BaseTable::load(&lance, &self.loc.root)
+                .await
+                .map_err(|e| ServerError::Setup {
+                    table: self.name().to_string(),
+                    reason: format!("reading the base table's schema: {e}"),
+                })?;
+        let current = self.shape();
+        let changed = current.schema.fields() != base.schema.fields();
+        let next = if changed {
+            let next = Shape::build(&self.spec, base.schema.clone()).map_err(|reason| {
+                ServerError::InvalidInput {
+                    table: self.name().to_string(),
+                    reason: format!("the base table's new schema: {reason}"),
+                }
+            })?;
+            if next.key_schema.fields() != current.key_schema.fields() {
+                return Err(ServerError::InvalidInput {
+                    table: self.name().to_string(),
+                    reason: format!(
+                        "the base table's primary key changed ({:?} -> {:?}); a served table \
+                         cannot follow that: restart the daemon",
+                        names(&current.key_schema),
+                        names(&next.key_schema)
+                    ),
+                });
+            }
+            Some(next)
+        } else {
+            None
+        };
+        for w in self.live_writers() {
+            match w.evolve_to(base.schema.clone()) {
+                Ok(_) => {}
+                // Closed, fenced or failed meanwhile: its slot deals with it.
+                Err(e) if w.terminal_error().is_some() => {
+                    tracing::debug!(table = %self.name(), shard = %w.shard(), error = %e, "a stopped writer did not follow the schema");
+                }
+                Err(e) => {
+                    tracing::warn!(table = %self.name(), shard = %w.shard(), error = %e, "a shard writer could not follow the table's schema");
+                }
+            }
+        }
+        let Some(next) = next else {
+            return Ok(false);
+        };
+        tracing::info!(
+            table = %self.name(),
+            from = ?names(&current.schema),
+            to = ?names(&next.schema),
+            "following the base table's new schema"
+        );
+        *self.shape.write() = Arc::new(next);
+        metrics::counter!("memwal_server_schema_changes_total", "table" => self.name().to_string())
+            .increment(1);
+        Ok(true)
+    }
+
+    /// Starts the task that calls [`Self::evolve`] every `every` until
+    /// `stop` turns true (failures are logged and retried at the next
+    /// tick; the host keeps serving its current schema meanwhile).
+    pub fn spawn_schema_watch(
+        self: &Arc<Self>,
+        every: std::time::Duration,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        let host = self.clone();
+        let span = tracing::info_span!("schema_watch", table = %self.name());
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = stop.wait_for(|s| *s) => break,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                    if let Err(e) = host.evolve().await {
+                        tracing::warn!(error = %e, "following the base table's schema");
+                    }
+                }
+            },
+            span,
+        ))
+    }
+}
+
+fn names(s: &arrow_schema::Schema) -> Vec<&str> {
+    s.fields().iter().map(|f| f.name().as_str()).collect()
+}
