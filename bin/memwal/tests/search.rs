@@ -103,22 +103,7 @@ async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
     assert_eq!(got["top"], serde_json::json!(want), "{got}");
     d.stop_ok();
 
-    let loc = memwal_store::open_store(&table).unwrap();
-    let view = memwal_compactor::table_view(&loc, Some("vec_idx"), &Default::default())
-        .await
-        .unwrap();
-    let snapshots: Vec<serde_json::Value> = view
-        .shards
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "shard": s.shard.to_string(),
-                "spec_id": s.spec_id,
-                "current_generation": s.current_generation,
-                "sstables": s.sstables.iter().map(|t| (t.generation, t.path.clone())).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
+    let snapshots = view_snapshots(&table, Some("vec_idx")).await;
     assert!(
         snapshots
             .iter()

@@ -93,25 +93,14 @@ impl TableHost {
     pub fn spawn_schema_watch(
         self: &Arc<Self>,
         every: std::time::Duration,
-        mut stop: tokio::sync::watch::Receiver<bool>,
+        stop: tokio::sync::watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
-        let host = self.clone();
         let span = tracing::info_span!("schema_watch", table = %self.name());
-        tokio::spawn(tracing::Instrument::instrument(
-            async move {
-                loop {
-                    tokio::select! {
-                        biased;
-                        _ = stop.wait_for(|s| *s) => break,
-                        _ = tokio::time::sleep(every) => {}
-                    }
-                    if let Err(e) = host.evolve().await {
-                        tracing::warn!(error = %e, "following the base table's schema");
-                    }
-                }
-            },
-            span,
-        ))
+        crate::periodic::spawn_every(span, every, stop, self.clone(), |host| async move {
+            if let Err(e) = host.evolve().await {
+                tracing::warn!(error = %e, "following the base table's schema");
+            }
+        })
     }
 }
 

@@ -15,6 +15,7 @@ mod evolve;
 mod flight;
 pub mod http;
 mod limits;
+mod periodic;
 mod query;
 mod read;
 mod search;

@@ -601,27 +601,16 @@ impl TableHost {
     pub fn spawn_reopener(
         self: &Arc<Self>,
         every: std::time::Duration,
-        mut stop: tokio::sync::watch::Receiver<bool>,
+        stop: tokio::sync::watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
-        let host = self.clone();
         let span = tracing::info_span!("reopener", table = %self.name);
-        tokio::spawn(tracing::Instrument::instrument(
-            async move {
-                loop {
-                    tokio::select! {
-                        biased;
-                        _ = stop.wait_for(|s| *s) => break,
-                        _ = tokio::time::sleep(every) => {}
-                    }
-                    let down = host.reopen_down_shards().await;
-                    metrics::gauge!("memwal_server_shards_down", "table" => host.name.clone())
-                        .set(down as f64);
-                    host.close_idle_shards().await;
-                    host.refresh_gauges();
-                }
-            },
-            span,
-        ))
+        crate::periodic::spawn_every(span, every, stop, self.clone(), |host| async move {
+            let down = host.reopen_down_shards().await;
+            metrics::gauge!("memwal_server_shards_down", "table" => host.name.clone())
+                .set(down as f64);
+            host.close_idle_shards().await;
+            host.refresh_gauges();
+        })
     }
 
     /// The shards that are down, with why: what `/readyz` reports.

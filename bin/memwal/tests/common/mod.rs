@@ -243,16 +243,42 @@ pub fn http_fetch(addr: &str, path: &str, token: Option<&str>) -> (u16, String) 
     (code, body)
 }
 
-pub async fn base_rows(table: &str) -> BTreeMap<i64, String> {
+/// Every row of the base table at `table`, as lance scans it.
+pub async fn base_batches(table: &str) -> Vec<RecordBatch> {
     let ds = lance::Dataset::open(table).await.unwrap();
-    let batches: Vec<RecordBatch> = ds
-        .scan()
+    ds.scan()
         .try_into_stream()
         .await
         .unwrap()
         .try_collect()
         .await
+        .unwrap()
+}
+
+/// The table's published view as `ShardSnapshot` JSON for the Python
+/// readers (`lsm_read.py`, `lsm_search.py`): per shard its id, spec id,
+/// current generation and `[generation, dir]` of each SSTable, read with
+/// `index` caught up as `table_view` reads it.
+pub async fn view_snapshots(table: &str, index: Option<&str>) -> Vec<serde_json::Value> {
+    let loc = memwal_store::open_store(table).unwrap();
+    let view = memwal_compactor::table_view(&loc, index, &Default::default())
+        .await
         .unwrap();
+    view.shards
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "shard": s.shard.to_string(),
+                "spec_id": s.spec_id,
+                "current_generation": s.current_generation,
+                "sstables": s.sstables.iter().map(|t| (t.generation, t.path.clone())).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+pub async fn base_rows(table: &str) -> BTreeMap<i64, String> {
+    let batches = base_batches(table).await;
     let mut out = BTreeMap::new();
     for b in batches {
         let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();

@@ -11,7 +11,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 
 use crate::common::*;
 
@@ -56,15 +56,7 @@ async fn add_column(table: &str, name: &str) {
 }
 
 async fn stored(table: &str) -> Stored {
-    let ds = lance::Dataset::open(table).await.unwrap();
-    let batches: Vec<RecordBatch> = ds
-        .scan()
-        .try_into_stream()
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
+    let batches = base_batches(table).await;
     let mut out = Stored::new();
     for b in &batches {
         let ids = b.column_by_name("id").unwrap().as_primitive::<Int64Type>();
@@ -214,22 +206,7 @@ async fn a_column_added_while_ingesting_reaches_every_shard_and_survives_sigkill
 
     // pylance's `LsmScanner` reads generations of all three schemas.
     if let Some(python) = test_python("pylance LsmScanner") {
-        let loc = memwal_store::open_store(&table).unwrap();
-        let view = memwal_compactor::table_view(&loc, None, &Default::default())
-            .await
-            .unwrap();
-        let snapshots: Vec<serde_json::Value> = view
-            .shards
-            .iter()
-            .map(|s| {
-                serde_json::json!({
-                    "shard": s.shard.to_string(),
-                    "spec_id": s.spec_id,
-                    "current_generation": s.current_generation,
-                    "sstables": s.sstables.iter().map(|t| (t.generation, t.path.clone())).collect::<Vec<_>>(),
-                })
-            })
-            .collect();
+        let snapshots = view_snapshots(&table, None).await;
         let out = run_python(
             &python,
             "lsm_read.py",
