@@ -11,7 +11,7 @@
 //! writer's manifest pruning all keep it.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use lance::index::DatasetIndexExt;
 use lance_index::optimize::OptimizeOptions;

@@ -4,7 +4,7 @@
 //! (it never claims: that would fence the live writer).
 
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use lance::Dataset;
 use memwal_fencing::{ShardId, ShardLayout};

@@ -1,5 +1,6 @@
 //! The manifest store and claim protocol, on the in-memory and local stores,
 //! with and without injected faults. Each test names what would break it.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,4 +1,5 @@
 //! Many claimers on one shard, on a shared local store.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::collections::BTreeMap;
 

@@ -4,6 +4,7 @@
 //! each test measures only its own heap; `live_bytes_during` reports what a
 //! closure leaves allocated. Tolerance: the reported total must be within
 //! ±25% of the measured live heap.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 
@@ -25,6 +26,7 @@ fn add(delta: isize) {
     let _ = LIVE.try_with(|c| c.set(c.get() + delta));
 }
 
+#[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         add(layout.size() as isize);

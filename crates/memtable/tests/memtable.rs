@@ -1,5 +1,6 @@
 //! Behaviour of `MemTable`: last write wins, deletes, validation errors,
 //! append-only tables, storage-form input and the flush drain.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod common;
 

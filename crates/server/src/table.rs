@@ -123,7 +123,7 @@ pub struct TableHost {
     enumerable: Option<Vec<ShardKey>>,
     pub(crate) slots: Slots,
     /// When the last `flush` action started, and whether one runs.
-    flushes: parking_lot::Mutex<(Option<std::time::Instant>, bool)>,
+    flushes: parking_lot::Mutex<(Option<tokio::time::Instant>, bool)>,
     /// `flush` actions start at most once per this long.
     flush_interval: parking_lot::Mutex<std::time::Duration>,
     /// Caps on the shards this host holds open.
@@ -344,6 +344,7 @@ impl TableHost {
                     tracing::error!(table = %self.name, %shard, error = %e, "shard manifest corrupt; its rows are refused");
                     let error = memwal::Error::Corrupt {
                         reason: e.to_string(),
+                        source: Some(Arc::new(e)),
                     };
                     failed.insert(key.clone(), Slot::Failed { shard, error });
                     continue;
@@ -513,7 +514,7 @@ impl TableHost {
 
     /// Whether a slot that is not live should be (re)opened now.
     fn due(&self, slot: &Slot) -> bool {
-        matches!(slot, Slot::Down { retry_at, .. } if *retry_at <= std::time::Instant::now())
+        matches!(slot, Slot::Down { retry_at, .. } if *retry_at <= tokio::time::Instant::now())
     }
 
     fn check_open(&self) -> Result<(), ServerError> {
@@ -566,7 +567,7 @@ impl TableHost {
                 cause: cause.to_string(),
                 down_secs: since.elapsed().as_secs(),
                 retry_in_ms: retry_at
-                    .saturating_duration_since(std::time::Instant::now())
+                    .saturating_duration_since(tokio::time::Instant::now())
                     .as_millis() as u64,
             },
             Slot::Live(w) => ServerError::Writer {
@@ -637,7 +638,7 @@ impl TableHost {
         batch: &RecordBatch,
         delete: bool,
     ) -> Result<Vec<PartAck>, ServerError> {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         // The process tests arm this with `panic` to prove a failing put
         // never ends its call with OK.
         memwal_store::crash_point("server::before_write");
@@ -814,7 +815,7 @@ impl TableHost {
                 ),
             });
         }
-        *f = (Some(std::time::Instant::now()), true);
+        *f = (Some(tokio::time::Instant::now()), true);
         Ok(FlushTurn(self))
     }
 

@@ -10,6 +10,7 @@
 //! shard keeps serving, and once the object is restored a fresh host's view
 //! holds every acknowledged row (the invariants of
 //! `memwal_testkit::invariants`): nothing was skipped, repaired or guessed.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

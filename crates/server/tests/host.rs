@@ -1,4 +1,5 @@
 //! `TableHost` on a local table: routing, partial failures, takeover.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::sync::Arc;
 
@@ -450,10 +451,10 @@ async fn a_shard_down_on_a_storage_failure_is_reported_and_reopened() {
     // backoff), the rows acknowledged before are still there, and puts are
     // served again.
     faults.clear_hook();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     while host.reopen_down_shards().await > 0 {
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "{:?}",
             host.down_shards()
         );

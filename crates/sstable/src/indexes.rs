@@ -116,7 +116,7 @@ pub(crate) async fn attach_indexes(
     let mut ds = open_dataset(&own, dir).await?;
     let mut built: Vec<IndexMetadata> = Vec::new();
     for spec in specs {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let Some(meta) = build_one(&mut ds, dir, spec).await? else {
             continue;
         };

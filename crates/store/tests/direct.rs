@@ -5,6 +5,7 @@
 //! and that they really went through `O_DIRECT` (the direct-write counter
 //! rises; the scratch directory is under /var/tmp, not a tmpfs /tmp, which
 //! refuses `O_DIRECT`).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use bytes::Bytes;
 use futures::TryStreamExt;

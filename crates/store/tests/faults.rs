@@ -2,6 +2,7 @@
 //! injected in exactly the shapes object_store produces: a failed fsync is
 //! an unknown outcome at once (never retried into `Identical`), a refusal
 //! on the first attempt is a refusal, never an unknown outcome.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

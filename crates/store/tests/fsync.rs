@@ -8,6 +8,7 @@
 //! strace (or without permission to trace) it is skipped with a line on
 //! the terminal, except under `CI=true`, where that is a failure (`.ci/run`
 //! installs strace).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::io::Write;
 use std::path::{Path as FsPath, PathBuf};

@@ -4,6 +4,7 @@
 //! Without `MEMWAL_TEST_S3_URI` they are reported as ignored (see
 //! `crates/testkit/s3_tests_cfg.rs`); under `CI=true` they run and fail in
 //! that case. See `scripts/s3-server.sh`.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use bytes::Bytes;
 use memwal_store::{create_object, object_exists, read_object, CreateOutcome, RetryPolicy};

@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;

@@ -5,13 +5,13 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::writer::Inner;
+use crate::state::Inner;
 use crate::Error;
 
 /// Counts a put that had to wait for room.
 pub(crate) fn note_wait(inner: &Inner) {
     inner.backpressure_waits.fetch_add(1, Ordering::Relaxed);
-    inner.ctx.meters.backpressure_waits.increment(1);
+    inner.storage.meters.backpressure_waits.increment(1);
 }
 
 /// The [`Error::Backpressure`] a put gives up with, saying why flushing is

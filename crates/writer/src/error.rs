@@ -55,6 +55,9 @@ pub enum Error {
     InvalidInput {
         /// What was wrong.
         reason: String,
+        /// The building block's error that said so, when one did.
+        #[source]
+        source: Option<Source>,
     },
     /// Unflushed data reached `max_unflushed_bytes` and no flush made room
     /// within the backpressure timeout. Nothing was written; retry later.
@@ -70,6 +73,9 @@ pub enum Error {
     OutcomeUnknown {
         /// The failure seen.
         reason: String,
+        /// The underlying error.
+        #[source]
+        source: Option<Source>,
     },
     /// The object store (or lance on top of it) failed after retries.
     #[error("storage failure ({context}): {source}")]
@@ -90,6 +96,9 @@ pub enum Error {
     Corrupt {
         /// What was found.
         reason: String,
+        /// The building block's error that found it, when one did.
+        #[source]
+        source: Option<Source>,
     },
     /// The writer was closed or aborted (or dropped).
     #[error("shard writer is closed: {reason}")]
@@ -119,6 +128,46 @@ impl Error {
     pub(crate) fn invalid(reason: impl Into<String>) -> Self {
         Self::InvalidInput {
             reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::InvalidInput`] saying `e` (prefixed with `context` when
+    /// not empty), keeping `e` as its source.
+    pub(crate) fn invalid_from(
+        context: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::InvalidInput {
+            reason: with_context(context, &e),
+            source: Some(Arc::new(e)),
+        }
+    }
+
+    pub(crate) fn corrupt(reason: impl Into<String>) -> Self {
+        Self::Corrupt {
+            reason: reason.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Corrupt`] saying `e` (prefixed with `context` when not
+    /// empty), keeping `e` as its source.
+    pub(crate) fn corrupt_from(
+        context: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self::Corrupt {
+            reason: with_context(context, &e),
+            source: Some(Arc::new(e)),
+        }
+    }
+
+    /// [`Error::OutcomeUnknown`] saying `e` after `context`, keeping `e`.
+    fn unknown_from(context: &str, e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::OutcomeUnknown {
+            reason: with_context(context, &e),
+            source: Some(Arc::new(e)),
         }
     }
 
@@ -169,11 +218,9 @@ impl Error {
             },
             e @ (FencingError::InvalidShardId { .. }
             | FencingError::ShardNotFound { .. }
-            | FencingError::IdentityMismatch { .. }) => Self::invalid(format!("{context}: {e}")),
+            | FencingError::IdentityMismatch { .. }) => Self::invalid_from(context, e),
             e @ (FencingError::EpochRegressed { .. } | FencingError::Corrupt { .. }) => {
-                Self::Corrupt {
-                    reason: format!("{context}: {e}"),
-                }
+                Self::corrupt_from(context, e)
             }
             FencingError::Storage(s) => Self::from_store(s, context),
             e @ FencingError::Contended { .. } => Self::storage(context, e),
@@ -183,9 +230,7 @@ impl Error {
     /// Maps an object-store error seen while doing `context`.
     pub(crate) fn from_store(e: StoreError, context: &str) -> Self {
         match e {
-            e @ StoreError::OutcomeUnknown { .. } => Self::OutcomeUnknown {
-                reason: format!("{context}: {e}"),
-            },
+            e @ StoreError::OutcomeUnknown { .. } => Self::unknown_from(context, e),
             e => Self::storage(context, e),
         }
     }
@@ -207,15 +252,11 @@ impl Error {
                 shard,
                 context: context.into(),
             },
-            e @ WalError::OutcomeUnknown { .. } => Self::OutcomeUnknown {
-                reason: format!("{context}: {e}"),
-            },
+            e @ WalError::OutcomeUnknown { .. } => Self::unknown_from(context, e),
             e @ (WalError::Corrupt { .. }
             | WalError::Gap { .. }
-            | WalError::EpochConflict { .. }) => Self::Corrupt {
-                reason: format!("{context}: {e}"),
-            },
-            e @ WalError::InvalidInput { .. } => Self::invalid(format!("{context}: {e}")),
+            | WalError::EpochConflict { .. }) => Self::corrupt_from(context, e),
+            e @ WalError::InvalidInput { .. } => Self::invalid_from(context, e),
             // Validated rows that arrow cannot encode: nothing was written,
             // and the appender is poisoned (the writer is terminal).
             e @ WalError::Unencodable { .. } => Self::Storage {
@@ -238,23 +279,21 @@ impl Error {
 
     /// Maps a memtable validation error (always the caller's input).
     pub(crate) fn from_memtable(e: MemTableError) -> Self {
-        Self::invalid(e.to_string())
+        Self::invalid_from("", e)
     }
 
     /// Maps a sharding error (a row of another shard, or an unusable spec).
     pub(crate) fn from_sharding(e: ShardingError) -> Self {
-        Self::invalid(e.to_string())
+        Self::invalid_from("", e)
     }
 
     /// Maps a base-table error (opening the table, reading its MemWAL index).
     pub(crate) fn from_table(e: TableError) -> Self {
         match e {
             e @ (TableError::NotFound { .. } | TableError::Unsupported { .. }) => {
-                Self::invalid(e.to_string())
+                Self::invalid_from("", e)
             }
-            e @ TableError::Corrupt { .. } => Self::Corrupt {
-                reason: e.to_string(),
-            },
+            e @ TableError::Corrupt { .. } => Self::corrupt_from("", e),
             e @ TableError::Read { .. } => Self::storage("opening the base table", e),
         }
     }
@@ -262,10 +301,53 @@ impl Error {
     /// Maps an SSTable error seen while doing `context`.
     pub(crate) fn from_sstable(e: SsTableError, context: &str) -> Self {
         match e {
-            e @ SsTableError::Corrupt { .. } => Self::Corrupt {
-                reason: format!("{context}: {e}"),
-            },
+            e @ SsTableError::Corrupt { .. } => Self::corrupt_from(context, e),
             e => Self::storage(context, e),
         }
+    }
+}
+
+/// `e`'s text after `context` (`context: e`), or alone for an empty one.
+fn with_context(context: &str, e: &dyn std::error::Error) -> String {
+    if context.is_empty() {
+        e.to_string()
+    } else {
+        format!("{context}: {e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Breaks if a kind made from a building block's error keeps only its
+    // text: callers (and error reporters walking `source()`) lose the
+    // typed cause.
+    #[test]
+    fn corrupt_outcome_unknown_and_invalid_input_keep_their_source() {
+        let unknown = StoreError::OutcomeUnknown {
+            path: "p".into(),
+            attempts: 2,
+            source: object_store::Error::NotFound {
+                path: "p".into(),
+                source: "gone".into(),
+            },
+        };
+        let corrupt = TableError::Corrupt {
+            uri: "t".into(),
+            reason: "bad".into(),
+        };
+        let cases = [
+            Error::from_memtable(MemTableError::EmptyBatch),
+            Error::from_store(unknown, "writing"),
+            Error::from_table(corrupt),
+        ];
+        for e in &cases {
+            let source = std::error::Error::source(e);
+            assert!(source.is_some(), "{e:?} lost its source");
+        }
+        assert!(matches!(cases[0], Error::InvalidInput { .. }));
+        assert!(cases[1].may_be_durable());
+        assert!(matches!(cases[2], Error::Corrupt { .. }));
     }
 }

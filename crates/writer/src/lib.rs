@@ -32,17 +32,27 @@
 
 #![warn(missing_docs)]
 
+// The write path, bottom to top (each module imports only those above
+// it): config, error, stats, resolve -> storage, lifecycle -> state ->
+// flusher, backpressure -> write_path -> put, replay, evolve -> open ->
+// writer (the public handle, imported by nobody).
 mod backpressure;
 mod config;
 mod error;
 mod evolve;
-mod flush;
-mod freeze;
+mod flusher;
+mod lifecycle;
 mod open;
 mod put;
+mod replay;
 mod resolve;
+mod state;
 pub mod stats;
+mod storage;
+#[cfg(test)]
+mod tests;
 mod transient;
+mod write_path;
 mod writer;
 
 pub use config::{ReplayPublish, ShardWriterConfig, ShardingConfig};

@@ -2,28 +2,24 @@
 //! start the WAL appender and the background tasks.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
 
-use futures::StreamExt;
-use memwal_fencing::{ManifestStore, ShardId, ShardManifest};
+use memwal_fencing::{ManifestStore, ShardId};
 use memwal_memtable::{MemTable, TableSchema};
 use memwal_sstable::{LanceStore, SsTableWriter};
 use memwal_store::{open_store, StoreLocation};
 use memwal_table::BaseTable;
-use memwal_wal::{
-    replay, write_fence_sentinel, ReplayRange, WalAppender, WalConfig, WalLocation,
-    DEFAULT_REPLAY_PREFETCH,
-};
+use memwal_wal::{write_fence_sentinel, WalAppender, WalConfig};
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
-use crate::config::{ReplayPublish, ShardWriterConfig};
-use crate::flush::FlushCtx;
+use crate::config::ShardWriterConfig;
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::resolve::{resolve_sharding, ResolvedSharding};
-use crate::writer::{Frozen, Inner, ShardWriter, State};
+use crate::state::{Inner, State};
+use crate::storage::Storage;
 use crate::{Error, Result};
 
 /// Where the table is: a URI for [`memwal_store::open_store`], or a store
@@ -63,28 +59,35 @@ impl TableLocation {
     }
 }
 
-/// A generation being rebuilt from the WAL.
-struct Rebuild {
-    generation: u64,
-    memtable: MemTable,
-    first_position: u64,
-    last_position: u64,
-}
-
+/// Opens the writer's shared state, ready for puts (see
+/// [`crate::ShardWriter::open`]).
 pub(crate) async fn open(
     table: TableLocation,
     shard: ShardId,
     config: ShardWriterConfig,
-) -> Result<ShardWriter> {
+) -> Result<Arc<Inner>> {
     let span = tracing::info_span!("open", %shard);
     open_inner(table, shard, config).instrument(span).await
+}
+
+/// Stops a half-opened writer's tasks when `open` fails or is cancelled
+/// (its rows stay in the WAL for the next writer).
+struct Abandon(Option<Arc<Inner>>);
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take() {
+            inner.fail(Error::closed("the writer was aborted while opening"));
+            inner.life.abort_tasks();
+        }
+    }
 }
 
 async fn open_inner(
     table: TableLocation,
     shard: ShardId,
     config: ShardWriterConfig,
-) -> Result<ShardWriter> {
+) -> Result<Arc<Inner>> {
     // 1. Everything that can fail without side effects.
     config.validate()?;
     let loc = table.resolve()?;
@@ -129,7 +132,7 @@ async fn open_inner(
     let sentinel = write_fence_sentinel(&manifests, epoch, &claim.manifest)
         .await
         .map_err(|e| Error::from_wal(e, "writing the fence sentinel"))?;
-    let ctx = FlushCtx {
+    let storage = Storage {
         manifests: manifests.clone(),
         epoch,
         sstables: SsTableWriter::new(
@@ -141,7 +144,7 @@ async fn open_inner(
         base: Arc::new(lance),
         base_root: loc.root.clone(),
         meters,
-        indexes: Arc::new(parking_lot::Mutex::new(crate::flush::MaintainedSet {
+        indexes: Arc::new(parking_lot::Mutex::new(crate::storage::MaintainedSet {
             specs: maintained.specs.into(),
             warned: Default::default(),
         })),
@@ -158,7 +161,7 @@ async fn open_inner(
         sentinel,
         flush_permits: Arc::new(Semaphore::new(config.flush_concurrency)),
         config: config.clone(),
-        ctx,
+        storage,
         state: Mutex::new(State {
             appender: None,
             active: MemTable::new(schema.clone()),
@@ -172,26 +175,22 @@ async fn open_inner(
             jobs: Some(jobs_tx),
         }),
         manifest: Mutex::new(manifest.clone()),
-        progress: watch::channel(0).0,
-        shutdown: watch::channel(false).0,
-        closing: AtomicBool::new(false),
-        opening: AtomicBool::new(true),
-        close_result: tokio::sync::Mutex::new(None),
-        tasks: Mutex::new(Vec::new()),
+        life: Lifecycle::new(),
         puts: AtomicU64::new(0),
         rows: AtomicU64::new(0),
         publishes: AtomicU64::new(0),
         backpressure_waits: AtomicU64::new(0),
+        flush_failures: AtomicU64::new(0),
     });
-    inner.tasks.lock().push(tokio::spawn(
-        crate::flush::monitored_flusher(inner.clone(), jobs_rx)
-            .instrument(tracing::info_span!("flusher", %shard, epoch)),
-    ));
-    let writer = ShardWriter { inner };
-    let inner = &writer.inner;
+    inner.spawn_monitored(
+        "flusher",
+        tracing::info_span!("flusher", %shard, epoch),
+        crate::flusher::flusher(inner.clone(), jobs_rx),
+    );
+    let mut guard = Abandon(Some(inner.clone()));
 
-    // 4. Replay (on failure, dropping `writer` stops its tasks).
-    let generation = replay_wal(inner, &manifest)
+    // 4. Replay (on failure or cancellation, `guard` stops the tasks).
+    let generation = crate::replay::replay_wal(&inner, &manifest)
         .instrument(tracing::info_span!("replay", epoch, sentinel))
         .await?;
 
@@ -215,178 +214,14 @@ async fn open_inner(
         st.appender = Some(appender);
     }
     if let Some(age) = config.max_unflushed_age {
-        inner.tasks.lock().push(tokio::spawn(
-            crate::freeze::age_ticker(inner.clone(), age)
-                .instrument(tracing::info_span!("age_ticker", %shard, epoch)),
-        ));
+        inner.spawn_monitored(
+            "age ticker",
+            tracing::info_span!("age_ticker", %shard, epoch),
+            crate::write_path::age_ticker(inner.clone(), age),
+        );
     }
-    inner.opening.store(false, Ordering::SeqCst);
+    inner.life.advance(Phase::Open);
+    guard.0 = None;
     tracing::info!(%shard, epoch, sentinel, generation, "shard writer open");
-    Ok(writer)
-}
-
-/// Replays the WAL between the replay cursor and our sentinel. Each
-/// recorded generation is rebuilt whole as one memtable (never
-/// renumbered) and, once complete (the next generation starts, or the WAL
-/// ends), frozen and queued to the flusher, which publishes it in
-/// generation order in the background; replay waits while the queued
-/// generations hold more than `max_unflushed_bytes` (with
-/// [`ReplayPublish::BeforeOpenReturns`]: until each is published). Entries without a
-/// `generation` (upstream WAL-only entries) belong to the generation being
-/// rebuilt (the manifest's `current_generation` if none is). A generation
-/// whose memtable exceeds `max_unflushed_bytes` fails with
-/// [`Error::Backpressure`] naming it. Returns the first generation after
-/// every replayed one.
-async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> Result<u64> {
-    let ctx = &inner.ctx;
-    let config = &inner.config;
-    let range = ReplayRange::new(manifest, ctx.epoch, inner.sentinel);
-    let mut entries = replay(
-        WalLocation::of(&ctx.manifests),
-        range,
-        DEFAULT_REPLAY_PREFETCH,
-    );
-    if memwal_store::broken("broken::replay_reversed") {
-        let mut all: Vec<_> = entries.collect().await;
-        all.reverse();
-        entries = Box::pin(futures::stream::iter(all));
-    }
-    // Entries are matched to the schema the writer opened with by field id
-    // (an entry written before a column was added or dropped replays:
-    // missing columns null, dropped ones ignored).
-    let schema = inner.state.lock().active.schema().clone();
-    let mut next_generation = manifest.current_generation.max(1);
-    let mut current: Option<Rebuild> = None;
-    while let Some(entry) = entries.next().await {
-        let entry = entry.map_err(|e| Error::from_wal(e, "replaying the WAL"))?;
-        let generation = entry.generation.unwrap_or_else(|| {
-            current
-                .as_ref()
-                .map_or(manifest.current_generation, |c| c.generation)
-        });
-        if current.as_ref().is_some_and(|c| c.generation != generation) {
-            let done = current.take().expect("checked");
-            next_generation = next_generation.max(queue_replayed(inner, done).await?);
-        }
-        let rebuild = current.get_or_insert_with(|| Rebuild {
-            generation,
-            memtable: MemTable::new(schema.clone()),
-            first_position: entry.position,
-            last_position: entry.position,
-        });
-        for batch in entry.batches.iter().filter(|b| b.num_rows() > 0) {
-            let storage = schema
-                .to_storage_for_replay(batch)
-                .map_err(|e| Error::Corrupt {
-                    reason: format!(
-                        "WAL entry {} does not fit the table schema: {e}",
-                        entry.position
-                    ),
-                })?;
-            rebuild
-                .memtable
-                .insert(&storage)
-                .map_err(|e| Error::Corrupt {
-                    reason: format!("WAL entry {}: {e}", entry.position),
-                })?;
-        }
-        rebuild.last_position = entry.position;
-        // The live path keeps every generation's payload within
-        // `memtable_max_bytes` (<= `max_unflushed_bytes`), so what this
-        // writer's config acknowledged always replays under it.
-        let bytes = rebuild.memtable.memory_usage().payload_bytes;
-        if bytes > config.max_unflushed_bytes {
-            return Err(Error::Backpressure {
-                reason: format!(
-                    "replay: recorded generation {} (WAL positions {}..={}) holds {bytes} bytes \
-                     of rows, more than max_unflushed_bytes {}; a generation is rebuilt whole, \
-                     so raise max_unflushed_bytes to open this shard",
-                    rebuild.generation,
-                    rebuild.first_position,
-                    rebuild.last_position,
-                    config.max_unflushed_bytes
-                ),
-            });
-        }
-    }
-    if let Some(done) = current {
-        next_generation = next_generation.max(queue_replayed(inner, done).await?);
-    }
-    Ok(next_generation)
-}
-
-/// Freezes a rebuilt generation and queues it to the flusher (its SSTable
-/// write starts at once), then waits until the generations still queued
-/// hold at most `max_unflushed_bytes` (or, with
-/// [`ReplayPublish::BeforeOpenReturns`], until it is published). Returns
-/// the generation after it.
-async fn queue_replayed(inner: &Arc<Inner>, done: Rebuild) -> Result<u64> {
-    let generation = done.generation;
-    let next = generation.checked_add(1).ok_or_else(|| Error::Corrupt {
-        reason: format!("replayed generation {generation} cannot be followed"),
-    })?;
-    let mut progress = inner.progress.subscribe();
-    {
-        let mut st = inner.state.lock();
-        st.check_usable()?;
-        let memtable = done.memtable.freeze();
-        let bytes = memtable.memory_usage().total();
-        let handle = tokio::spawn(
-            crate::flush::replayed_job(
-                inner.clone(),
-                generation,
-                memtable.clone(),
-                done.last_position,
-            )
-            .instrument(tracing::info_span!(
-                "replayed_flush_job",
-                shard = %inner.shard,
-                epoch = inner.epoch,
-                generation
-            )),
-        );
-        st.frozen.push_back(Frozen {
-            generation,
-            memtable,
-            bytes,
-            frozen_at: Instant::now(),
-            job: handle.abort_handle(),
-        });
-        let job = crate::flush::Job {
-            generation,
-            handle,
-            live: false,
-        };
-        if st.jobs.as_ref().is_none_or(|tx| tx.send(job).is_err()) {
-            let err = Error::closed("the flusher is not running");
-            inner.fail_locked(&mut st, err.clone());
-            return Err(err);
-        }
-        inner.record_unflushed(&st);
-        tracing::debug!(
-            generation,
-            bytes,
-            last_position = done.last_position,
-            "replayed generation queued"
-        );
-    }
-    let before_ready = inner.config.replay_publish == ReplayPublish::BeforeOpenReturns;
-    loop {
-        {
-            let st = inner.state.lock();
-            st.check_usable()?;
-            progress.borrow_and_update();
-            let done = if before_ready {
-                st.published_generation >= generation
-            } else {
-                st.unflushed_bytes() <= inner.config.max_unflushed_bytes
-            };
-            if done {
-                return Ok(next);
-            }
-        }
-        if progress.changed().await.is_err() {
-            return Err(Error::closed("the writer is gone"));
-        }
-    }
+    Ok(inner)
 }

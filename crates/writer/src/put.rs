@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use tokio::time::Instant;
 
 use arrow_array::RecordBatch;
 use memwal_memtable::{batch_payload_bytes, TableSchema, TOMBSTONE_COLUMN};
@@ -14,7 +14,8 @@ use memwal_wal::{AppendTicket, WalError};
 use tracing::Instrument;
 
 use crate::resolve::Routing;
-use crate::writer::{Inner, State};
+use crate::state::{Inner, State};
+use crate::write_path;
 use crate::{Error, Result};
 
 /// Resolves to the WAL position once the write is durable (or to the
@@ -53,7 +54,7 @@ impl Future for PutHandle {
                 let inner = &self.inner;
                 inner.puts.fetch_add(1, Ordering::Relaxed);
                 inner.rows.fetch_add(self.rows as u64, Ordering::Relaxed);
-                let m = &inner.ctx.meters;
+                let m = &inner.storage.meters;
                 m.puts.increment(1);
                 m.rows.increment(self.rows as u64);
                 m.bytes.increment(self.bytes as u64);
@@ -172,123 +173,64 @@ fn check_shard(routing: Option<&Routing>, storage: &RecordBatch) -> Result<()> {
     routing.map_or(Ok(()), |r| r.check(storage))
 }
 
-/// `storage`, checked under the state lock against the active memtable's
-/// schema: a batch validated against an older schema (the writer followed
-/// a schema change in between) is matched to the new one by field id, as
-/// replay would match its WAL entry (a column added since is null, one
-/// dropped since is left out: the put is ordered before the change).
-fn current_form(st: &State, storage: RecordBatch) -> Result<RecordBatch> {
-    let schema = st.active.schema();
-    if Arc::ptr_eq(&storage.schema(), schema.storage_schema()) {
-        return Ok(storage);
-    }
-    let storage = schema
-        .to_storage_for_replay(&storage)
-        .map_err(Error::from_memtable)?;
-    check_shard(st.routing.as_deref(), &storage)?;
-    Ok(storage)
-}
-
 /// Waits for room (backpressure), then appends `storage` to the WAL and
-/// inserts it into the active memtable under the state lock.
-pub(crate) async fn submit(inner: &Arc<Inner>, mut storage: RecordBatch) -> Result<PutHandle> {
+/// inserts it into the active memtable under the state lock
+/// ([`write_path::append_locked`]). While there is no room, everything in
+/// memory is made sure to be on its way out (frozen) and the put waits
+/// for a publish, up to `backpressure_timeout`.
+pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<PutHandle> {
     let span = tracing::debug_span!("append", rows = storage.num_rows());
     async {
         let started = Instant::now();
         let bytes = check_size(inner, &storage)?;
-        let deadline = tokio::time::Instant::now() + inner.config.backpressure_timeout;
-        let mut progress = inner.progress.subscribe();
+        let deadline = Instant::now() + inner.config.backpressure_timeout;
+        let mut storage = Some(storage);
         let mut waited = false;
-        loop {
-            {
-                let mut st = inner.state.lock();
-                st.check_usable()?;
+        let appended = inner
+            .wait_until(Some(deadline), |st| {
+                if let Err(e) = st.check_usable() {
+                    return Some(Err(e));
+                }
                 if st.unflushed_bytes() < inner.config.max_unflushed_bytes {
-                    storage = current_form(&st, storage)?;
-                    let ticket = append_locked(inner, &mut st, &storage, bytes)?;
-                    inner.record_unflushed(&st);
-                    return Ok(PutHandle {
-                        ticket,
-                        inner: inner.clone(),
-                        rows: storage.num_rows(),
-                        bytes,
-                        started,
-                    });
+                    // Taken once: the wait ends with this check's answer.
+                    return storage.take().map(|b| append_now(inner, st, b, bytes));
                 }
-                // No room: make sure everything in memory is on its way out.
-                crate::freeze::freeze_locked(inner, &mut st, "backpressure")?;
-                progress.borrow_and_update();
-            }
-            if !waited {
-                waited = true;
-                crate::backpressure::note_wait(inner);
-            }
-            match tokio::time::timeout_at(deadline, progress.changed()).await {
-                Ok(Ok(())) => continue,
-                Ok(Err(_)) => return Err(Error::closed("the writer is gone")),
-                Err(_) => {
-                    inner.ctx.meters.backpressure_timeouts.increment(1);
-                    return Err(crate::backpressure::error(inner));
+                if let Err(e) = write_path::freeze_locked(inner, st, "backpressure") {
+                    return Some(Err(e));
                 }
-            }
-        }
+                if !waited {
+                    waited = true;
+                    crate::backpressure::note_wait(inner);
+                }
+                None
+            })
+            .await?;
+        let Some((ticket, rows)) = appended else {
+            inner.storage.meters.backpressure_timeouts.increment(1);
+            return Err(crate::backpressure::error(inner));
+        };
+        Ok(PutHandle {
+            ticket,
+            inner: inner.clone(),
+            rows,
+            bytes,
+            started,
+        })
     }
     .instrument(span)
     .await
 }
 
-/// WAL submit then memtable insert, in one critical section: the WAL
-/// order of submits is the memtable's insert order. A failure after the
-/// submit makes the writer terminal, so rows in the memtable that were
-/// never acknowledged can never be published.
-///
-/// A put whose `bytes` of rows would take the active generation past
-/// `memtable_max_bytes` freezes it first, so every generation's rows fit
-/// within `memtable_max_bytes` (<= `max_unflushed_bytes`) and replay under
-/// the same config never refuses what was acknowledged.
-fn append_locked(
+/// The append itself, under the state lock: the batch in the active
+/// schema, then WAL submit + memtable insert.
+fn append_now(
     inner: &Arc<Inner>,
     st: &mut State,
-    storage: &RecordBatch,
+    storage: RecordBatch,
     bytes: usize,
-) -> Result<AppendTicket> {
-    let active_payload = st.active.memory_usage().payload_bytes;
-    if !st.active.is_empty()
-        && active_payload.saturating_add(bytes) > inner.config.memtable_max_bytes
-    {
-        crate::freeze::freeze_locked(inner, st, "bytes")?;
-    }
-    let Some(appender) = st.appender.as_ref() else {
-        return Err(st
-            .terminal
-            .clone()
-            .unwrap_or_else(|| Error::closed("no WAL appender")));
-    };
-    let ticket = match appender.submit(vec![storage.clone()]) {
-        Ok(t) => t,
-        Err(e) => {
-            let err = Error::from_wal(e, "WAL submit");
-            if err.is_terminal() {
-                inner.fail_locked(st, err.clone());
-            }
-            return Err(err);
-        }
-    };
-    if let Err(e) = st.active.insert(storage) {
-        let err = Error::Corrupt {
-            reason: format!("the memtable refused a batch already submitted to the WAL: {e}"),
-        };
-        inner.fail_locked(st, err.clone());
-        return Err(err);
-    }
-    if st.active_since.is_none() {
-        st.active_since = Some(Instant::now());
-    }
-    let full_bytes = st.active.memory_usage().total() >= inner.config.memtable_max_bytes;
-    let full_rows = st.active.num_rows() >= inner.config.memtable_max_rows;
-    if full_bytes || full_rows {
-        let reason = if full_bytes { "bytes" } else { "rows" };
-        crate::freeze::freeze_locked(inner, st, reason)?;
-    }
-    Ok(ticket)
+) -> Result<(AppendTicket, usize)> {
+    let storage = write_path::current_form(st, storage)?;
+    let ticket = write_path::append_locked(inner, st, &storage, bytes)?;
+    inner.record_unflushed(st);
+    Ok((ticket, storage.num_rows()))
 }

@@ -324,9 +324,10 @@ impl ShardWriterConfig {
             }
         }
         out.validate().map_err(|e| match e {
-            Error::InvalidInput { reason } => Error::invalid(format!(
-                "{reason} (after applying the table's writer_config_defaults)"
-            )),
+            Error::InvalidInput { reason, source } => Error::InvalidInput {
+                reason: format!("{reason} (after applying the table's writer_config_defaults)"),
+                source,
+            },
             e => e,
         })?;
         Ok(out)

@@ -125,6 +125,10 @@ pub struct WriterStats {
     pub publishes: u64,
     /// Puts that waited for room.
     pub backpressure_waits: u64,
+    /// SSTable writes and publishes that failed transiently (each was
+    /// retried, or given up on at the retry bound while opening or
+    /// closing).
+    pub flush_failures: u64,
     /// The last SSTable write or publish failure (cleared by a publish).
     pub last_flush_error: Option<String>,
     /// The error that made the writer terminal, if any.

@@ -1,161 +1,22 @@
-//! [`ShardWriter`]: the public handle, and the state its tasks share.
+//! [`ShardWriter`]: the public handle. Nothing in the crate imports this
+//! module; the handle calls into the write path, the lifecycle and the
+//! flusher through the shared state ([`crate::state::Inner`]).
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
 
 use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use memwal_fencing::{ShardId, ShardManifest};
-use memwal_memtable::{FrozenMemTable, MemTable, TableSchema};
-use memwal_wal::WalAppender;
-use parking_lot::Mutex;
-use tokio::sync::{watch, Semaphore};
-use tokio::task::{AbortHandle, JoinHandle};
+use memwal_memtable::TableSchema;
 
 use crate::config::ShardWriterConfig;
-use crate::flush::FlushCtx;
+use crate::lifecycle::Phase;
 use crate::open::TableLocation;
 use crate::put::PutHandle;
-use crate::resolve::Routing;
+use crate::state::Inner;
 use crate::stats::WriterStats;
 use crate::{Error, Result};
-
-/// A frozen generation waiting to be published.
-pub(crate) struct Frozen {
-    pub generation: u64,
-    pub memtable: FrozenMemTable,
-    pub bytes: usize,
-    pub frozen_at: Instant,
-    pub job: AbortHandle,
-}
-
-/// Everything the put path and the background tasks change, behind one
-/// mutex: WAL submit and memtable insert happen under it, so rows enter
-/// the memtable in WAL order and a generation switch is a clean barrier.
-pub(crate) struct State {
-    /// `None` once closed, aborted or terminal.
-    pub appender: Option<WalAppender>,
-    /// Its schema ([`MemTable::schema`]) is the one puts are checked
-    /// against now; a schema change ([`ShardWriter::evolve_to`]) swaps in
-    /// an empty memtable of the new schema at a generation boundary.
-    pub active: MemTable,
-    /// The routing check for rows of `active`'s schema (`None`: a manual
-    /// shard, rows not routed); replaced together with the schema.
-    pub routing: Option<Arc<Routing>>,
-    /// Generation of `active`.
-    pub generation: u64,
-    /// When the first row of `active` arrived.
-    pub active_since: Option<Instant>,
-    /// Frozen, unpublished generations, ascending.
-    pub frozen: VecDeque<Frozen>,
-    /// Highest published generation.
-    pub published_generation: u64,
-    /// The error every call returns once set.
-    pub terminal: Option<Error>,
-    pub last_flush_error: Option<String>,
-    /// Feeds the flusher, in generation order.
-    pub jobs: Option<tokio::sync::mpsc::UnboundedSender<crate::flush::Job>>,
-}
-
-impl State {
-    pub(crate) fn check_usable(&self) -> Result<()> {
-        match &self.terminal {
-            Some(e) => Err(e.clone()),
-            None => Ok(()),
-        }
-    }
-
-    /// The schema and routing check puts are validated against now.
-    pub(crate) fn shape(&self) -> (Arc<TableSchema>, Option<Arc<Routing>>) {
-        (self.active.schema().clone(), self.routing.clone())
-    }
-
-    pub(crate) fn unflushed_bytes(&self) -> usize {
-        self.active.memory_usage().total() + self.frozen.iter().map(|f| f.bytes).sum::<usize>()
-    }
-}
-
-/// What the writer's tasks share.
-pub(crate) struct Inner {
-    pub shard: ShardId,
-    pub epoch: u64,
-    pub sentinel: u64,
-    pub config: ShardWriterConfig,
-    pub ctx: FlushCtx,
-    pub state: Mutex<State>,
-    /// Latest manifest this writer wrote (or claimed).
-    pub manifest: Mutex<ShardManifest>,
-    /// Bumped after every publish, flush failure and terminal transition.
-    pub progress: watch::Sender<u64>,
-    /// Set once: every background task stops.
-    pub shutdown: watch::Sender<bool>,
-    /// Set when `close` starts: flush retries become bounded.
-    pub closing: AtomicBool,
-    /// Set until `open` returns: flush retries are bounded (a replayed
-    /// generation that cannot be written fails `open`).
-    pub opening: AtomicBool,
-    /// One close at a time; holds the outcome of the finished one.
-    pub close_result: tokio::sync::Mutex<Option<Result<()>>>,
-    pub flush_permits: Arc<Semaphore>,
-    pub tasks: Mutex<Vec<JoinHandle<()>>>,
-    pub puts: AtomicU64,
-    pub rows: AtomicU64,
-    pub publishes: AtomicU64,
-    pub backpressure_waits: AtomicU64,
-}
-
-impl Inner {
-    pub(crate) fn bump_progress(&self) {
-        self.progress.send_modify(|v| *v += 1);
-    }
-
-    /// Makes the writer terminal with `err` (the first error wins): the
-    /// appender is dropped (nothing more is written or acknowledged through
-    /// it), background tasks are told to stop, waiters are woken.
-    pub(crate) fn fail_locked(&self, st: &mut State, err: Error) {
-        if st.terminal.is_none() {
-            if err.is_fenced() {
-                self.ctx.meters.fenced.increment(1);
-                tracing::warn!(shard = %self.shard, epoch = self.epoch, error = %err, "shard writer fenced");
-            } else if !matches!(err, Error::Closed { .. }) {
-                tracing::error!(shard = %self.shard, epoch = self.epoch, error = %err, "shard writer failed");
-            }
-            st.terminal = Some(err);
-        }
-        st.jobs = None;
-        drop(st.appender.take());
-        for f in &st.frozen {
-            f.job.abort();
-        }
-        self.shutdown.send_replace(true);
-        self.bump_progress();
-    }
-
-    /// [`Inner::fail_locked`] taking the lock.
-    pub(crate) fn fail(&self, err: Error) {
-        let mut st = self.state.lock();
-        self.fail_locked(&mut st, err);
-    }
-
-    pub(crate) fn is_stopping(&self) -> bool {
-        *self.shutdown.borrow()
-    }
-
-    pub(crate) fn record_unflushed(&self, st: &State) {
-        self.ctx
-            .meters
-            .unflushed_bytes
-            .set(st.unflushed_bytes() as f64);
-    }
-
-    /// Stops every background task without waiting (abort / drop).
-    pub(crate) fn abort_tasks(&self) {
-        for t in self.tasks.lock().iter() {
-            t.abort();
-        }
-    }
-}
 
 /// A batch checked against one shard and in its storage form
 /// ([`ShardWriter::prepare_put`]); nothing of it is written yet.
@@ -224,7 +85,9 @@ impl ShardWriter {
         shard: ShardId,
         config: ShardWriterConfig,
     ) -> Result<Self> {
-        crate::open::open(table.into(), shard, config).await
+        Ok(Self {
+            inner: crate::open::open(table.into(), shard, config).await?,
+        })
     }
 
     /// The shard.
@@ -241,6 +104,36 @@ impl ShardWriter {
     /// the writer follows the base table's schema: [`Self::evolve_to`]).
     pub fn schema(&self) -> Arc<TableSchema> {
         self.inner.state.lock().active.schema().clone()
+    }
+
+    /// Moves this writer onto `base_schema` (the base table's Arrow schema
+    /// with its field ids, as `memwal_table::BaseTable` reads it), if it
+    /// differs from the one puts are checked against now. Returns the
+    /// generation the new schema starts at, or `None` when nothing changed.
+    ///
+    /// Guarantees:
+    /// - one generation never mixes schemas: the active memtable is frozen
+    ///   first (its SSTable is written in the schema its rows were taken
+    ///   in, carrying the maintained indexes whose columns it has), and the
+    ///   next generation starts empty in the new schema;
+    /// - a put checked against the old schema but not yet in the WAL when
+    ///   the change lands is matched to the new one by field id (a column
+    ///   added since is null, a dropped one left out), as replay would;
+    /// - a put after the change that lacks a nullable column is written
+    ///   with it null; one with a column the table no longer has is
+    ///   refused, naming it.
+    ///
+    /// Refused ([`Error::InvalidInput`], the writer unchanged and usable)
+    /// when the primary key differs (columns, order, field ids or types)
+    /// or the sharding spec's columns are gone or no longer key columns.
+    pub fn evolve_to(&self, base_schema: SchemaRef) -> Result<Option<u64>> {
+        crate::evolve::evolve_to(&self.inner, base_schema)
+    }
+
+    /// Reads the base table's latest version and moves onto its schema
+    /// ([`Self::evolve_to`]).
+    pub async fn evolve(&self) -> Result<Option<u64>> {
+        crate::evolve::evolve(&self.inner).await
     }
 
     /// The latest manifest this writer claimed or wrote (its view; another
@@ -358,7 +251,7 @@ impl ShardWriter {
     /// and every earlier generation are published. Returns the terminal
     /// error if the writer fails meanwhile.
     pub async fn flush(&self) -> Result<()> {
-        crate::freeze::flush_all(&self.inner).await
+        crate::write_path::flush_all(&self.inner).await
     }
 
     /// Flushes and publishes everything acknowledged before the call, stops
@@ -375,11 +268,11 @@ impl ShardWriter {
     /// returns. Concurrent calls wait for the first and return its outcome.
     pub async fn close(&self) -> Result<()> {
         let inner = &self.inner;
-        let mut outcome = inner.close_result.lock().await;
+        let mut outcome = inner.life.close_result.lock().await;
         if let Some(done) = &*outcome {
             return done.clone();
         }
-        inner.closing.store(true, Ordering::SeqCst);
+        inner.life.advance(Phase::Closing);
         let limit = inner.config.close_timeout;
         let deadline = tokio::time::Instant::now() + limit;
         let flushed = match tokio::time::timeout_at(deadline, self.flush()).await {
@@ -425,7 +318,7 @@ impl ShardWriter {
         // The failure stops every background task at its next step; one
         // stuck in a store call (a blackholed endpoint keeps retrying for
         // minutes) is aborted once the deadline (and a short grace) passed.
-        let tasks: Vec<_> = std::mem::take(&mut *inner.tasks.lock());
+        let tasks = inner.life.take_tasks();
         let until = deadline.max(tokio::time::Instant::now()) + TASK_STOP_GRACE;
         let mut stuck = Ok(());
         for mut t in tasks {
@@ -446,7 +339,7 @@ impl ShardWriter {
     /// flight). Later calls return [`Error::Closed`].
     pub fn abort(&self) {
         self.inner.fail(Error::closed("the writer was aborted"));
-        self.inner.abort_tasks();
+        self.inner.life.abort_tasks();
     }
 
     /// Sets the writer's gauges (epoch, unflushed bytes) again with their
@@ -455,7 +348,7 @@ impl ShardWriter {
     /// calls this periodically to keep a live, quiet writer's gauges.
     pub fn refresh_gauges(&self) {
         let inner = &self.inner;
-        inner.ctx.meters.epoch.set(inner.epoch as f64);
+        inner.storage.meters.epoch.set(inner.epoch as f64);
         inner.record_unflushed(&inner.state.lock());
     }
 
@@ -484,6 +377,7 @@ impl ShardWriter {
             rows: inner.rows.load(Ordering::Relaxed),
             publishes: inner.publishes.load(Ordering::Relaxed),
             backpressure_waits: inner.backpressure_waits.load(Ordering::Relaxed),
+            flush_failures: inner.flush_failures.load(Ordering::Relaxed),
             last_flush_error: st.last_flush_error.clone(),
             terminal: st.terminal.as_ref().map(|e| e.to_string()),
         }

@@ -1,6 +1,7 @@
 //! Backpressure bounds the process's memory, measured by a counting global
 //! allocator, independently of the writer's own accounting. Its own test
 //! binary so no other test's allocations are counted.
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ struct Counting;
 static LIVE: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
 
+#[allow(unsafe_code)] // a counting allocator for the memory bound
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = unsafe { System.alloc(layout) };

@@ -257,10 +257,10 @@ async fn the_background_task_compacts_and_stops() {
     w.flush().await.unwrap();
     let task =
         memwal_compactor::CompactorTask::spawn(f.compactor(), std::time::Duration::from_secs(3600));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     while f.base_rows().await.0.len() < 3 {
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "no compaction within a minute"
         );
         tokio::task::yield_now().await;

@@ -1,5 +1,6 @@
 //! Integration tests of memwal-sstable, in one binary (each test binary
 //! links all of lance).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod bloom;
 mod compression;

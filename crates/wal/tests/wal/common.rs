@@ -38,6 +38,7 @@ pub fn rows(ids: &[i64]) -> RecordBatch {
 /// A batch with the schema of [`rows`] that arrow cannot encode as IPC: its
 /// `note` column's offsets point past its value bytes, so arrow's IPC
 /// writer panics slicing them (which the codec reports as an encode error).
+#[allow(unsafe_code)]
 pub fn unencodable() -> RecordBatch {
     use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
     // SAFETY: deliberately invalid (offsets beyond the values) and only

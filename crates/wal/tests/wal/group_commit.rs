@@ -30,7 +30,9 @@ fn hold_first_put(fs: &FaultStore, prefix: String) -> Gate {
 }
 
 /// Yields until `n` appends are queued; fails (instead of hanging) when
-/// they are not within a minute.
+/// they are not within a minute of real time (a paused clock would not
+/// move in a yield loop).
+#[allow(clippy::disallowed_types)]
 async fn wait_queued(wal: &memwal_wal::WalAppender, n: usize) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while wal.queued() < n {

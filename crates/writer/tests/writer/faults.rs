@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arrow_array::{ArrayRef, BooleanArray, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{Field, Schema};
-use memwal::{Error, ShardWriterConfig};
+use memwal::Error;
 use memwal_testkit::{permission_denied, Action, Gate, InjectError, OpKind};
 use object_store::{ObjectStoreExt, PutPayload};
 
@@ -66,7 +66,7 @@ async fn every_acknowledged_generation_replays_under_the_same_config() {
     let big: Vec<i64> = (0..150).collect();
     let err = w.put(&wide_rows(&big, 1024)).await.unwrap_err();
     assert!(
-        matches!(&err, Error::InvalidInput { reason } if reason.contains("per-put maximum")),
+        matches!(&err, Error::InvalidInput { reason, .. } if reason.contains("per-put maximum")),
         "{err}"
     );
     // Nothing publishes; puts of ~20 and ~50 KiB (together past
@@ -234,7 +234,7 @@ async fn publish_checks_the_manifests_current_generation() {
         .unwrap();
     let err = bounded("flush", w.flush()).await.unwrap_err();
     assert!(
-        matches!(&err, Error::Corrupt { reason } if reason.contains("strictly in order")),
+        matches!(&err, Error::Corrupt { reason, .. } if reason.contains("strictly in order")),
         "{err}"
     );
     assert!(t.manifest().await.sstables.is_empty(), "nothing published");
@@ -303,48 +303,4 @@ async fn concurrent_closes_wait_for_the_first() {
         tokio::task::yield_now().await;
     }
     assert_eq!(t.fault.ops().len(), ops, "no background work after close");
-}
-
-// Breaks if close() waits past close_timeout for a publish stuck in the
-// store (a blackholed endpoint: the manifest update never answers, and
-// object_store would retry for minutes), or reports such a close as Ok;
-// or if the rows it could not publish are lost (the WAL keeps them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn close_is_bounded_by_close_timeout_when_a_publish_hangs() {
-    let t = TestTable::new().await;
-    let w = t
-        .open(ShardWriterConfig {
-            close_timeout: std::time::Duration::from_secs(1),
-            ..config()
-        })
-        .await
-        .unwrap();
-    let schema = table_schema(&w);
-    let mut model = Model::new();
-    w.put(&rows(&[1, 2], "a")).await.unwrap();
-    model_put(&mut model, &[1, 2], "a");
-    let gate = Gate::new(); // never opened: the store never answers
-    {
-        let gate = gate.clone();
-        t.fault.set_hook(move |op| {
-            if op.kind == OpKind::Put && op.path.contains("/manifest/") {
-                Action::Hold(gate.clone(), Box::new(Action::Pass))
-            } else {
-                Action::Pass
-            }
-        });
-    }
-    let started = std::time::Instant::now();
-    let err = bounded("close", w.close()).await.unwrap_err();
-    assert!(
-        started.elapsed() < std::time::Duration::from_secs(10),
-        "close took {:?}",
-        started.elapsed()
-    );
-    assert!(err.to_string().contains("close_timeout"), "{err}");
-    t.fault.clear_hook();
-    let w2 = t.open(config()).await.unwrap();
-    w2.flush().await.unwrap();
-    assert_eq!(t.read_published(&schema).await, model);
-    w2.close().await.unwrap();
 }

@@ -3,7 +3,6 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arrow_array::RecordBatchIterator;
 use lance::dataset::{Dataset, WriteParams};
@@ -108,26 +107,6 @@ async fn sealed_shard_is_terminal_at_the_next_publish() {
     ));
     // A sealed shard refuses new writers too.
     assert!(matches!(t.open(config()).await, Err(Error::Sealed { .. })));
-}
-
-// Breaks if the age trigger never freezes an idle memtable.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn age_trigger_flushes_an_idle_memtable() {
-    let t = TestTable::new().await;
-    let mut cfg = config();
-    cfg.max_unflushed_age = Some(Duration::from_millis(20));
-    let w = t.open(cfg).await.unwrap();
-    w.put(&rows(&[1], "a")).await.unwrap();
-    // Polls for the outcome; no assumption about how long it takes.
-    let published = tokio::time::timeout(Duration::from_secs(20), async {
-        while w.stats().published_generation < 1 {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(published.is_ok(), "{:?}", w.stats());
-    assert_eq!(t.manifest().await.sstables.len(), 1);
-    w.close().await.unwrap();
 }
 
 // Breaks if a WAL PUT whose outcome is unknown is reported as a plain

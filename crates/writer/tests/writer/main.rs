@@ -1,4 +1,5 @@
 //! Integration tests of the shard writer (one binary: linking lance is slow).
+#![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
 mod backpressure;
 mod basics;

@@ -277,10 +277,10 @@ pub fn table_schema(w: &ShardWriter) -> TableSchema {
 /// Yields until `cond` holds; fails the test (instead of hanging) when it
 /// does not within a minute.
 pub async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while !cond() {
         assert!(
-            std::time::Instant::now() < deadline,
+            tokio::time::Instant::now() < deadline,
             "gave up waiting until {what}"
         );
         tokio::task::yield_now().await;

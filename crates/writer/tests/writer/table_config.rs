@@ -27,7 +27,7 @@ fn ids_in(b: i32, n: usize) -> (Vec<i64>, Vec<i64>) {
 
 fn assert_invalid(res: memwal::Result<memwal::ShardWriter>, needle: &str) {
     match res {
-        Err(Error::InvalidInput { reason }) => {
+        Err(Error::InvalidInput { reason, .. }) => {
             assert!(reason.contains(needle), "`{needle}` not in: {reason}")
         }
         other => panic!("expected InvalidInput containing `{needle}`, got {other:?}"),
