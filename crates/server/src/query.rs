@@ -1,7 +1,9 @@
 //! SQL over the served tables (Flight SQL `CommandStatementQuery` and
 //! prepared statements): DataFusion plans and runs the query over each
 //! table as [`TableHost::read_rows`] reads it (published data plus this
-//! daemon's memtables), so a query sent after an ack sees the acked rows.
+//! daemon's memtables), so a query sent after an ack sees the acked rows;
+//! a filter on primary-key values (`id = 4`, `id IN (..)`) reads only
+//! those keys ([`TableHost::lookup_rows`], `provider.rs`).
 //!
 //! `vector_search(table, column, vector, k)` is a table function for
 //! nearest-neighbour search ([`crate::search`]).
@@ -19,7 +21,6 @@ use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -88,27 +89,31 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
         .map_err(|e| Status::internal(e.to_string()))?;
     let config = SessionConfig::new().with_default_catalog_and_schema(CATALOG, SCHEMA);
     let ctx = SessionContext::new_with_config_rt(config, runtime);
+    // Tables are read when the query runs (`provider.rs`): a filter on
+    // primary-key values is a lookup, anything else reads the table whole.
+    // `vector_search` searches tables read whole up front.
     let lowered = sql.to_lowercase();
-    let mut read_bytes = 0usize;
+    let read_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let searching = read && lowered.contains("vector_search");
     let mut read_tables = HashMap::new();
     for (name, host) in hosts {
-        let rows = if read && lowered.contains(&name.to_lowercase()) {
+        if searching && lowered.contains(&name.to_lowercase()) {
             let batch = host.read_rows().await.map_err(Status::from)?;
-            read_bytes += batch.get_array_memory_size();
-            if read_bytes > QUERY_MEMORY_BYTES {
+            let held = read_bytes.fetch_add(
+                batch.get_array_memory_size(),
+                std::sync::atomic::Ordering::Relaxed,
+            ) + batch.get_array_memory_size();
+            if held > QUERY_MEMORY_BYTES {
                 return Err(Status::resource_exhausted(format!(
                     "the tables this query reads hold more than its {} MiB budget",
                     QUERY_MEMORY_BYTES >> 20
                 )));
             }
-            read_tables.insert(name.clone(), batch.clone());
-            vec![batch]
+            read_tables.insert(name.clone(), batch);
         } else {
-            read_tables.insert(name.clone(), RecordBatch::new_empty(host.schema().clone()));
-            vec![]
-        };
-        let table = MemTable::try_new(host.schema().clone(), vec![rows])
-            .map_err(|e| Status::internal(format!("table `{name}`: {e}")))?;
+            read_tables.insert(name.clone(), RecordBatch::new_empty(host.schema()));
+        }
+        let table = crate::provider::HostTable::new(host.clone(), read_bytes.clone());
         ctx.register_table(name.as_str(), Arc::new(table))
             .map_err(|e| Status::internal(format!("table `{name}`: {e}")))?;
     }
@@ -123,6 +128,12 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
 
 /// The status for a query DataFusion refused or failed.
 fn refused(sql: &str, e: DataFusionError) -> Status {
+    if let DataFusionError::External(inner) = e.find_root() {
+        if let Some(read) = inner.downcast_ref::<crate::ServerError>() {
+            // A table read failed (storage, a stopping daemon): its code.
+            return Status::new(crate::error::code_of(read), format!("{read} ({sql})"));
+        }
+    }
     match e.find_root() {
         DataFusionError::ResourcesExhausted(m) => {
             Status::resource_exhausted(format!("query over its memory budget: {m}"))

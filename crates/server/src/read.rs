@@ -26,7 +26,45 @@ use crate::{ServerError, TableHost};
 /// The storage schema's tombstone column (memtable and WAL batches).
 const TOMBSTONE: &str = memwal_memtable::TOMBSTONE_COLUMN;
 
+/// Each held writer's snapshot, by shard.
+pub(crate) type Snapshots = HashMap<memwal::ShardId, memwal::ReadSnapshot>;
+
 impl TableHost {
+    /// The two reads every read starts with, in this order: each held
+    /// writer's snapshot (its published generation and unpublished rows),
+    /// then the published view, of which a held shard keeps only the
+    /// SSTables up to its snapshot's generation (the later ones repeat
+    /// rows of the snapshot).
+    pub(crate) async fn snapshot_and_view(
+        &self,
+    ) -> Result<(Snapshots, memwal_compactor::TableView), ServerError> {
+        let mut snapshots = HashMap::new();
+        for w in self.live_writers() {
+            // A writer that stopped meanwhile: its acknowledged rows are in
+            // its WAL and (once replayed) published; read what is published.
+            if let Ok(s) = w.read_snapshot() {
+                snapshots.insert(s.shard, s);
+            }
+        }
+        // Tests widen this window (`sleep`) to prove the order holds.
+        memwal_store::crash_point("server::read_after_snapshots");
+        let mut view =
+            memwal_compactor::table_view(&self.loc, None, &memwal_store::RetryPolicy::default())
+                .await
+                .map_err(|e| ServerError::Setup {
+                    table: self.name().to_string(),
+                    reason: format!("reading the published view: {e}"),
+                })?;
+        for shard in &mut view.shards {
+            if let Some(s) = snapshots.get(&shard.shard) {
+                shard
+                    .sstables
+                    .retain(|t| t.generation <= s.published_generation);
+            }
+        }
+        Ok((snapshots, view))
+    }
+
     /// Every live row of the table, read as described in the module docs.
     /// An append-only table (no primary key) is every row of every level.
     pub async fn read_rows(&self) -> Result<RecordBatch, ServerError> {
@@ -40,31 +78,11 @@ impl TableHost {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        let mut snapshots = HashMap::new();
-        for w in self.live_writers() {
-            // A writer that stopped meanwhile: its acknowledged rows are in
-            // its WAL and (once replayed) published; read what is published.
-            if let Ok(s) = w.read_snapshot() {
-                snapshots.insert(s.shard, s);
-            }
-        }
-        // Tests widen this window (`sleep`) to prove the order holds.
-        memwal_store::crash_point("server::read_after_snapshots");
-        let view =
-            memwal_compactor::table_view(&self.loc, None, &memwal_store::RetryPolicy::default())
-                .await
-                .map_err(|e| ServerError::Setup {
-                    table: self.name().to_string(),
-                    reason: format!("reading the published view: {e}"),
-                })?;
-        let mut view = view;
-        for shard in &mut view.shards {
-            if let Some(s) = snapshots.get(&shard.shard) {
-                shard
-                    .sstables
-                    .retain(|t| t.generation <= s.published_generation);
-            }
-        }
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "scan")
+            .increment(1);
+        let (snapshots, view) = self.snapshot_and_view().await?;
         if keys.is_empty() {
             let setup = |reason: String| ServerError::Setup {
                 table: self.name().to_string(),

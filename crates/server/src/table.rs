@@ -133,6 +133,10 @@ pub struct TableHost {
     pub(crate) closing: std::sync::atomic::AtomicBool,
     /// The table's compactor, when the daemon runs one (status only).
     compactor: std::sync::OnceLock<memwal_compactor::Compactor>,
+    /// Whole-table reads ([`Self::read_rows`]) and key lookups
+    /// ([`Self::lookup_rows`]) served.
+    pub(crate) scans: std::sync::atomic::AtomicU64,
+    pub(crate) lookups: std::sync::atomic::AtomicU64,
 }
 
 /// `flush` actions start at most this often per table, by default
@@ -286,6 +290,8 @@ impl TableHost {
             flushes: Default::default(),
             flush_interval: parking_lot::Mutex::new(MIN_FLUSH_INTERVAL),
             shard_limits: Default::default(),
+            scans: Default::default(),
+            lookups: Default::default(),
         };
         host.open_existing().await?;
         Ok(host)
@@ -305,6 +311,13 @@ impl TableHost {
     /// The primary-key columns (what a delete sends).
     pub fn key_schema(&self) -> SchemaRef {
         self.shape.read().key_schema.clone()
+    }
+
+    /// How many whole-table reads and key lookups this host has served
+    /// (a query whose filter names keys is a lookup).
+    pub fn read_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.scans.load(Relaxed), self.lookups.load(Relaxed))
     }
 
     /// The columns puts are checked and routed by now.

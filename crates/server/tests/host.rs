@@ -922,3 +922,6 @@ async fn reads_during_writes_and_flushes_hold_the_snapshot_rules() {
 
 #[path = "host/schema.rs"]
 mod schema;
+
+#[path = "host/lookup.rs"]
+mod lookup;
