@@ -13,15 +13,17 @@ pub enum Case {
     Replay,
     Memory,
     Overload,
+    Steady,
 }
 
-const ALL_CASES: [Case; 6] = [
+const ALL_CASES: [Case; 7] = [
     Case::Lone,
     Case::Multi,
     Case::Large,
     Case::Replay,
     Case::Memory,
     Case::Overload,
+    Case::Steady,
 ];
 
 impl Case {
@@ -33,9 +35,10 @@ impl Case {
             "replay" => Case::Replay,
             "memory" => Case::Memory,
             "overload" => Case::Overload,
+            "steady" => Case::Steady,
             other => {
                 return Err(format!(
-                    "unknown case `{other}` (lone, multi, large, replay, memory, overload)"
+                    "unknown case `{other}` (lone, multi, large, replay, memory, overload, steady)"
                 ))
             }
         })
@@ -54,6 +57,8 @@ pub struct Args {
     pub writers: Vec<String>,
     /// lone/multi: memtables absorb the whole window (no flush inside it).
     pub no_flush: bool,
+    /// The steady case's window, seconds.
+    pub steady_secs: f64,
     pub data: PathBuf,
     pub out: PathBuf,
     pub command: String,
@@ -96,6 +101,7 @@ pub fn parse_args() -> Result<Args, String> {
         ],
         writers: Vec::new(),
         no_flush: false,
+        steady_secs: 30.0,
         data: PathBuf::from("/var/tmp"),
         out: PathBuf::from(env!("CARGO_MANIFEST_DIR")),
         command: std::env::args().skip(1).collect::<Vec<_>>().join(" "),
@@ -103,7 +109,7 @@ pub fn parse_args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "--help" || flag == "-h" {
-            return Err("usage: writer_bench [--cases lone,multi,large,replay,memory,overload] [--reps N] [--secs S] [--ticks 100,5,1] [--replay-mb 200,1000] [--replay-sources memwal,upstream] [--writers NAME-PREFIX,...] [--no-flush] [--data DIR] [--out DIR]".into());
+            return Err("usage: writer_bench [--cases lone,multi,large,replay,memory,overload,steady] [--reps N] [--secs S] [--steady-secs S] [--ticks 100,5,1] [--replay-mb 200,1000] [--replay-sources memwal,upstream] [--writers NAME-PREFIX,...] [--no-flush] [--data DIR] [--out DIR]".into());
         }
         if flag == "--no-flush" {
             a.no_flush = true;
@@ -115,6 +121,7 @@ pub fn parse_args() -> Result<Args, String> {
             "--cases" => a.cases = list(&value, &flag, Case::parse)?,
             "--reps" => a.reps = value.parse().map_err(num_err)?,
             "--secs" => a.secs = value.parse().map_err(|e| format!("{flag}: {e}"))?,
+            "--steady-secs" => a.steady_secs = value.parse().map_err(|e| format!("{flag}: {e}"))?,
             "--ticks" => a.ticks = list(&value, &flag, |s| s.parse().map_err(num_err))?,
             "--replay-mb" => a.replay_mb = list(&value, &flag, |s| s.parse().map_err(num_err))?,
             "--replay-sources" => {

@@ -12,7 +12,11 @@
 //!   copied and reopened by each writer: open until ready, then close;
 //! - `memory`: live heap a writer holds per byte of Arrow payload it
 //!   buffers;
-//! - `overload`: 4 producers against small memory limits: peak heap and RSS.
+//! - `overload`: 4 producers against small memory limits: peak heap and RSS;
+//! - `steady`: 16 producers x 100-row puts for `--steady-secs` (30) with
+//!   64 MiB generations and 256 MiB unflushed at most on both sides: the
+//!   steady state, where both writers flush as fast as they ingest
+//!   (p50, p99, p99.9, stalls, backpressure waits).
 //!
 //! Every case runs a warm-up, then `--reps` repetitions that alternate the
 //! writers (ours, upstream, ..., reversed on odd repetitions); tables show
@@ -20,7 +24,7 @@
 //! repetition (pairs that ran back to back) and then summarized.
 //!
 //! Run by hand (release): `cargo run --release -p memwal-benches --bin
-//! writer_bench -- [--cases lone,multi,large,replay,memory,overload]
+//! writer_bench -- [--cases lone,multi,large,replay,memory,overload,steady]
 //! [--reps 5] [--secs 5] [--ticks 100,5,1] [--replay-mb 200,1000]
 //! [--replay-sources memwal,upstream] [--data /var/tmp] [--out DIR]`.
 //! The report is printed and written into `DIR/RESULTS.md` (default: this
@@ -35,6 +39,7 @@ mod replay;
 mod report;
 mod rows;
 mod stats;
+mod steady;
 mod writers;
 
 use std::collections::BTreeMap;
@@ -665,6 +670,7 @@ async fn main() {
             Case::Replay => b.replay_case().await,
             Case::Memory => b.memory_case().await,
             Case::Overload => b.overload_case().await,
+            Case::Steady => b.steady_case().await,
         }
     }
     b.goals_table();
