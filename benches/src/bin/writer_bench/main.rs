@@ -200,7 +200,8 @@ impl Bench {
             "{producers} producer(s), back-to-back puts of {rows_per_put} rows for {} s (or 2 GiB) per repetition; \
              {flushing}. A put's latency: call until it returns durable. `close` (flushing and publishing what the window left) is \
              outside the window; `rows/s incl. close` divides the same rows by window + close (a writer whose \
-             flushes lag behind its puts pays for them there).",
+             flushes lag behind its puts pays for them there). A window this short compares buffering policies \
+             (what each writer leaves for `close`); the `steady` case measures sustained throughput.",
             self.args.secs
         ));
         r.line("");
