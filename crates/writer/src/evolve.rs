@@ -31,7 +31,13 @@ pub(crate) fn evolve_to(inner: &Arc<Inner>, base_schema: SchemaRef) -> Result<Op
         .map(|r| r.for_schema(&next).map(Arc::new))
         .transpose()?;
     crate::write_path::freeze_locked(inner, &mut st, "schema")?;
-    debug_assert!(st.active.is_empty());
+    if !st.active.is_empty() {
+        // Never: a freeze leaves the active memtable empty. Replacing a
+        // non-empty one would drop acknowledged rows from memory.
+        return Err(Error::corrupt(
+            "the active memtable still holds rows after its freeze",
+        ));
+    }
     st.active = MemTable::new(next.clone());
     st.routing = routing;
     let generation = st.generation;
