@@ -1,6 +1,8 @@
 //! `memwal load`: synthetic rows over Arrow Flight to a running daemon, a
 //! live progress line, then throughput and acknowledgement latencies. The
-//! daemon's benchmark.
+//! daemon's benchmark. With `--embedded URI` the same workload goes
+//! in-process through the daemon's own write path (`TableHost::write`), no
+//! Flight: the two runs' ratio is what Flight costs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +57,12 @@ pub struct LoadArgs {
     /// and row count (the keys are `first..first+rows`).
     #[arg(long)]
     pub acked: Option<std::path::PathBuf>,
+    /// Write in-process to the table at this URI instead of to a daemon
+    /// (no Flight, no network): the daemon's write path with the default
+    /// writer settings, `--table` naming it. Nothing else may write the
+    /// table meanwhile (it would be fenced).
+    #[arg(long, conflicts_with_all = ["tls_ca", "token"])]
+    pub embedded: Option<String>,
 }
 
 /// What the producers share.
@@ -86,13 +94,18 @@ impl Shared {
 
     /// Counts a failed batch under `--keep-going` (its code), or stops.
     fn failed(&self, p: usize, e: arrow_flight::error::FlightError) -> Result<(), String> {
-        if !self.args.keep_going {
-            return Err(format!("producer {p}: {e}"));
-        }
         let code = match &e {
             arrow_flight::error::FlightError::Tonic(s) => format!("{:?}", s.code()),
             _ => "Other".to_string(),
         };
+        self.failed_code(p, code, e.to_string())
+    }
+
+    /// [`Self::failed`] for a failure already reduced to its status code.
+    fn failed_code(&self, p: usize, code: String, e: String) -> Result<(), String> {
+        if !self.args.keep_going {
+            return Err(format!("producer {p}: {e}"));
+        }
         *self
             .errors
             .lock()
@@ -195,6 +208,41 @@ async fn produce(p: usize, s: Arc<Shared>, done: Done) -> Result<(), String> {
     Ok(())
 }
 
+/// One producer writing in-process (`--embedded`): batches `p`,
+/// `p + producers`, ... through `TableHost::write`, the call the daemon
+/// makes for each DoPut batch.
+async fn produce_embedded(
+    p: usize,
+    s: Arc<Shared>,
+    host: Arc<memwal_server::TableHost>,
+    done: Done,
+) -> Result<(), String> {
+    let step = s.args.producers as u64;
+    let mut b = p as u64;
+    while s.more(b) {
+        let (first, n, data) = s.make(b)?;
+        let sent = Instant::now();
+        match host.write(&data, false).await {
+            Ok(_) => s.ack(&done, first, n, sent.elapsed())?,
+            Err(e) => {
+                let text = e.to_string();
+                let code = format!("{:?}", tonic::Status::from(e).code());
+                s.failed_code(p, code, text)?;
+            }
+        }
+        b += step;
+    }
+    Ok(())
+}
+
+/// The table at `uri` served in-process as `name` (`--embedded`).
+async fn open_embedded(name: &str, uri: &str) -> Result<memwal_server::TableHost, String> {
+    let loc = memwal_store::open_store(uri).map_err(|e| format!("--embedded {uri}: {e}"))?;
+    memwal_server::TableHost::open(name, loc, memwal::ShardWriterConfig::default())
+        .await
+        .map_err(|e| format!("--embedded {uri}: {e}"))
+}
+
 async fn connect(args: &LoadArgs) -> Result<FlightClient, String> {
     let scheme = if args.tls_ca.is_some() {
         "https"
@@ -273,8 +321,17 @@ pub async fn load(args: LoadArgs) -> Result<String, String> {
     if args.batch == 0 || args.producers == 0 {
         return Err("--batch and --producers must be at least 1".into());
     }
-    let mut probe = connect(&args).await?;
-    let schema = schema(&mut probe, &args.table).await?;
+    let embedded = match &args.embedded {
+        Some(uri) => Some(Arc::new(open_embedded(&args.table, uri).await?)),
+        None => None,
+    };
+    let schema = match &embedded {
+        Some(host) => host.schema(),
+        None => {
+            let mut probe = connect(&args).await?;
+            schema(&mut probe, &args.table).await?
+        }
+    };
     let (batches, deadline) = match args.secs {
         Some(secs) => (
             u64::MAX / 2 / args.batch as u64,
@@ -303,7 +360,15 @@ pub async fn load(args: LoadArgs) -> Result<String, String> {
     });
     let started = Instant::now();
     let tasks: Vec<_> = (0..args.producers)
-        .map(|p| tokio::spawn(produce(p, shared.clone(), done_tx.clone())))
+        .map(|p| match &embedded {
+            Some(host) => tokio::spawn(produce_embedded(
+                p,
+                shared.clone(),
+                host.clone(),
+                done_tx.clone(),
+            )),
+            None => tokio::spawn(produce(p, shared.clone(), done_tx.clone())),
+        })
         .collect();
     drop(done_tx);
     let bar = match args.secs {
@@ -326,6 +391,13 @@ pub async fn load(args: LoadArgs) -> Result<String, String> {
         t.await.map_err(|e| e.to_string())??;
     }
     let secs = started.elapsed().as_secs_f64();
+    // In-process: flush and close what was written (outside the timing, as
+    // a daemon keeps running after a load).
+    if let Some(host) = embedded {
+        host.close()
+            .await
+            .map_err(|e| format!("closing the embedded table: {e}"))?;
+    }
     latencies.sort();
     let pct = |q: f64| {
         latencies
@@ -344,8 +416,13 @@ pub async fn load(args: LoadArgs) -> Result<String, String> {
     } else {
         format!("failed batches by code: {errors:?}\n")
     };
+    let mode = if args.embedded.is_some() {
+        "embedded (no Flight): "
+    } else {
+        ""
+    };
     Ok(format!(
-        "{rows} rows in {secs:.2} s: {:.0} rows/s, {:.1} MB/s; ack latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} batches of {}, {} producers)\n{errors}",
+        "{mode}{rows} rows in {secs:.2} s: {:.0} rows/s, {:.1} MB/s; ack latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} batches of {}, {} producers)\n{errors}",
         rows as f64 / secs,
         bytes / secs / 1e6,
         pct(0.5),

@@ -233,3 +233,53 @@ fn claim_races_across_processes_have_one_winner_per_epoch() {
         "the shard ends at the last won epoch {n}: {out}"
     );
 }
+
+// Breaks if `memwal load --embedded` reports rows it did not write (the
+// base after compaction must hold exactly them), writes nothing, or leaves
+// them unflushed at exit (it closes the table: compaction finds them).
+#[test]
+fn load_embedded_writes_what_it_reports_without_a_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t");
+    let table = table.to_str().unwrap();
+    let (ok, _, err) = memwal(&[
+        "init",
+        table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = memwal(&[
+        "load",
+        "--embedded",
+        table,
+        "--table",
+        "t",
+        "--rows",
+        "2000",
+        "--batch",
+        "100",
+        "--producers",
+        "4",
+        "--payload",
+        "16",
+    ]);
+    assert!(ok, "{out} {err}");
+    assert!(out.contains("embedded (no Flight): 2000 rows"), "{out}");
+    let (ok, out, err) = memwal(&["compact", table]);
+    assert!(ok, "{out} {err}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rows = rt.block_on(async {
+        lance::Dataset::open(table)
+            .await
+            .unwrap()
+            .count_rows(None)
+            .await
+            .unwrap()
+    });
+    assert_eq!(rows, 2000);
+}
