@@ -59,9 +59,10 @@ pub struct LoadArgs {
     pub acked: Option<std::path::PathBuf>,
     /// Write in-process to the table at this URI instead of to a daemon
     /// (no Flight, no network): the daemon's write path with the default
-    /// writer settings, `--table` naming it. Nothing else may write the
-    /// table meanwhile (it would be fenced).
-    #[arg(long, conflicts_with_all = ["tls_ca", "token"])]
+    /// writer settings, `--table` naming it (`--to`, the token and TLS are
+    /// not used). Nothing else may write the table meanwhile (it would be
+    /// fenced).
+    #[arg(long)]
     pub embedded: Option<String>,
 }
 
