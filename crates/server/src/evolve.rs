@@ -88,17 +88,32 @@ impl TableHost {
     }
 
     /// Starts the task that calls [`Self::evolve`] every `every` until
-    /// `stop` turns true (failures are logged and retried at the next
-    /// tick; the host keeps serving its current schema meanwhile).
+    /// `stop` turns true (failures are retried at the next tick, logged as
+    /// a warning when they first occur or change; the host keeps serving
+    /// its current schema meanwhile).
     pub fn spawn_schema_watch(
         self: &Arc<Self>,
         every: std::time::Duration,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> tokio::task::JoinHandle<()> {
         let span = tracing::info_span!("schema_watch", table = %self.name());
-        crate::periodic::spawn_every(span, every, stop, self.clone(), |host| async move {
-            if let Err(e) = host.evolve().await {
-                tracing::warn!(error = %e, "following the base table's schema");
+        let last = Arc::new(parking_lot::Mutex::new(None::<String>));
+        crate::periodic::spawn_every(span, every, stop, self.clone(), move |host| {
+            let last = last.clone();
+            async move {
+                let failure = host.evolve().await.err().map(|e| e.to_string());
+                let mut last = last.lock();
+                match &failure {
+                    Some(e) if last.as_ref() != Some(e) => {
+                        tracing::warn!(error = %e, "following the base table's schema")
+                    }
+                    Some(e) => tracing::debug!(error = %e, "following the base table's schema"),
+                    None if last.is_some() => {
+                        tracing::info!("following the base table's schema again")
+                    }
+                    None => {}
+                }
+                *last = failure;
             }
         })
     }
