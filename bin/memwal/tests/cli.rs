@@ -14,6 +14,20 @@ fn memwal(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `memwal init` of a `bucket(id, 4)` table (`id` int64 key, `v` utf8).
+fn init_bucket_table(table: &str) -> (bool, String, String) {
+    memwal(&[
+        "init",
+        table,
+        "--column",
+        "id:int64:key",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        "bucket(id, 4)",
+    ])
+}
+
 // Breaks if the CLI does not persist claims (second claim must see epoch 2),
 // if seal does not refuse a claim, or if bad input exits 0.
 #[test]
@@ -61,16 +75,7 @@ fn init_compact_and_gc_on_a_local_table() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t");
     let table = table.to_str().unwrap();
-    let (ok, out, err) = memwal(&[
-        "init",
-        table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
+    let (ok, out, err) = init_bucket_table(table);
     assert!(ok, "{err}");
     assert!(out.contains("primary key: id"), "{out}");
     let (ok, _, err) = memwal(&["init", table, "--column", "id:int64:key"]);
@@ -242,16 +247,7 @@ fn load_embedded_writes_what_it_reports_without_a_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t");
     let table = table.to_str().unwrap();
-    let (ok, _, err) = memwal(&[
-        "init",
-        table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
+    let (ok, _, err) = init_bucket_table(table);
     assert!(ok, "{err}");
     let (ok, out, err) = memwal(&[
         "load",

@@ -45,11 +45,12 @@ impl TableHost {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "lookup")
             .increment(1);
-        let (snapshots, view) = self.snapshot_and_view().await?;
         let schema = self.schema();
         if keys.is_empty() {
+            // Only null keys: nothing to read.
             return Ok(RecordBatch::new_empty(schema));
         }
+        let (snapshots, view) = self.snapshot_and_view().await?;
         let failed = |what: &str, e: String| ServerError::Setup {
             table: self.name().to_string(),
             reason: format!("{what}: {e}"),

@@ -8,6 +8,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
@@ -83,6 +84,20 @@ impl HostTable {
     }
 }
 
+/// Counts `batch` against the query's budget for table reads
+/// ([`QUERY_MEMORY_BYTES`]); `Err` says the budget is exceeded.
+pub(crate) fn charge(read_bytes: &AtomicUsize, batch: &RecordBatch) -> Result<(), String> {
+    let size = batch.get_array_memory_size();
+    let held = read_bytes.fetch_add(size, Ordering::Relaxed) + size;
+    if held > QUERY_MEMORY_BYTES {
+        return Err(format!(
+            "the tables this query reads hold more than its {} MiB budget",
+            QUERY_MEMORY_BYTES >> 20
+        ));
+    }
+    Ok(())
+}
+
 #[async_trait]
 impl TableProvider for HostTable {
     fn schema(&self) -> SchemaRef {
@@ -118,16 +133,7 @@ impl TableProvider for HostTable {
             None => self.host.read_rows().await,
         };
         let batch = read.map_err(|e| DataFusionError::External(Box::new(e)))?;
-        let held = self
-            .read_bytes
-            .fetch_add(batch.get_array_memory_size(), Ordering::Relaxed)
-            + batch.get_array_memory_size();
-        if held > QUERY_MEMORY_BYTES {
-            return Err(DataFusionError::ResourcesExhausted(format!(
-                "the tables this query reads hold more than its {} MiB budget",
-                QUERY_MEMORY_BYTES >> 20
-            )));
-        }
+        charge(&self.read_bytes, &batch).map_err(DataFusionError::ResourcesExhausted)?;
         MemTable::try_new(self.schema.clone(), vec![vec![batch]])?
             .scan(state, projection, &[], limit)
             .await

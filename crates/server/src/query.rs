@@ -99,16 +99,7 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
     for (name, host) in hosts {
         if searching && lowered.contains(&name.to_lowercase()) {
             let batch = host.read_rows().await.map_err(Status::from)?;
-            let held = read_bytes.fetch_add(
-                batch.get_array_memory_size(),
-                std::sync::atomic::Ordering::Relaxed,
-            ) + batch.get_array_memory_size();
-            if held > QUERY_MEMORY_BYTES {
-                return Err(Status::resource_exhausted(format!(
-                    "the tables this query reads hold more than its {} MiB budget",
-                    QUERY_MEMORY_BYTES >> 20
-                )));
-            }
+            crate::provider::charge(&read_bytes, &batch).map_err(Status::resource_exhausted)?;
             read_tables.insert(name.clone(), batch);
         } else {
             read_tables.insert(name.clone(), RecordBatch::new_empty(host.schema()));

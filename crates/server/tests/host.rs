@@ -30,6 +30,16 @@ fn tagged(ids: &[i64], tag: &str) -> RecordBatch {
     .unwrap()
 }
 
+/// One compaction cycle over every shard of the table at `loc`, each
+/// shard's result required to be Ok.
+async fn compact(loc: &memwal_store::StoreLocation) {
+    let compactor =
+        memwal_compactor::Compactor::new(loc.clone(), memwal_compactor::CompactorConfig::default());
+    for r in compactor.run_once().await.unwrap() {
+        r.unwrap();
+    }
+}
+
 /// A `bucket(id, 4)` table with `id` int64 key and `v` utf8.
 async fn bucket_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation {
     keyed_table(
@@ -124,11 +134,7 @@ async fn daemons_owning_bucket_subsets_split_a_table_without_fencing_each_other(
         .unwrap();
     assert_eq!(all.status().await.len(), 4);
     all.close().await.unwrap();
-    let compactor =
-        memwal_compactor::Compactor::new(loc.clone(), memwal_compactor::CompactorConfig::default());
-    for r in compactor.run_once().await.unwrap() {
-        r.unwrap();
-    }
+    compact(&loc).await;
     let lance = memwal_sstable::LanceStore::new(loc.store.clone());
     let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance.uri(&loc.root))
         .with_session(lance.session().clone())
@@ -468,11 +474,7 @@ async fn a_shard_down_on_a_storage_failure_is_reported_and_reopened() {
         .await
         .unwrap();
     all.close().await.unwrap();
-    let compactor =
-        memwal_compactor::Compactor::new(loc.clone(), memwal_compactor::CompactorConfig::default());
-    for r in compactor.run_once().await.unwrap() {
-        r.unwrap();
-    }
+    compact(&loc).await;
     let path = dir.path().join("t");
     let ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
     assert_eq!(ds.count_rows(None).await.unwrap(), 4);
@@ -642,10 +644,7 @@ async fn identity_shards_are_capped_and_idle_ones_close() {
     assert_eq!(host.status().await.len(), 2);
     host.close().await.unwrap();
 
-    let compactor = memwal_compactor::Compactor::new(loc, Default::default());
-    for r in compactor.run_once().await.unwrap() {
-        r.unwrap();
-    }
+    compact(&loc).await;
     let ds = lance::Dataset::open(dir.path().join("t").to_str().unwrap())
         .await
         .unwrap();

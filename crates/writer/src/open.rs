@@ -1,24 +1,20 @@
 //! Opening a writer: validate -> claim -> fence sentinel -> replay ->
 //! start the WAL appender and the background tasks.
 
-use std::collections::VecDeque;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use memwal_fencing::{ManifestStore, ShardId};
-use memwal_memtable::{MemTable, TableSchema};
+use memwal_memtable::TableSchema;
 use memwal_sstable::{LanceStore, SsTableWriter};
 use memwal_store::{open_store, StoreLocation};
 use memwal_table::BaseTable;
 use memwal_wal::{write_fence_sentinel, WalAppender, WalConfig};
-use parking_lot::Mutex;
-use tokio::sync::{mpsc, Semaphore};
 use tracing::Instrument;
 
 use crate::config::ShardWriterConfig;
-use crate::lifecycle::{Lifecycle, Phase};
+use crate::lifecycle::Phase;
 use crate::resolve::{resolve_sharding, ResolvedSharding};
-use crate::state::{Inner, State};
+use crate::state::Inner;
 use crate::storage::Storage;
 use crate::{Error, Result};
 
@@ -154,34 +150,16 @@ async fn open_inner(
     //    `open` returns), and its flusher: replayed generations are
     //    flushed and published in the background, in generation order.
     let manifest = claim.manifest;
-    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
-    let inner = Arc::new(Inner {
+    let (inner, jobs_rx) = Inner::new(
         shard,
         epoch,
         sentinel,
-        flush_permits: Arc::new(Semaphore::new(config.flush_concurrency)),
-        config: config.clone(),
+        config.clone(),
         storage,
-        state: Mutex::new(State {
-            appender: None,
-            active: MemTable::new(schema.clone()),
-            routing: router.map(Arc::new),
-            generation: manifest.current_generation.max(1),
-            active_since: None,
-            frozen: VecDeque::new(),
-            published_generation: manifest.current_generation.saturating_sub(1),
-            terminal: None,
-            last_flush_error: None,
-            jobs: Some(jobs_tx),
-        }),
-        manifest: Mutex::new(manifest.clone()),
-        life: Lifecycle::new(),
-        puts: AtomicU64::new(0),
-        rows: AtomicU64::new(0),
-        publishes: AtomicU64::new(0),
-        backpressure_waits: AtomicU64::new(0),
-        flush_failures: AtomicU64::new(0),
-    });
+        schema,
+        router,
+        manifest.clone(),
+    );
     inner.spawn_monitored(
         "flusher",
         tracing::info_span!("flusher", %shard, epoch),

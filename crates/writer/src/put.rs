@@ -106,7 +106,14 @@ fn fill_missing_nullable(
     batch: &RecordBatch,
 ) -> Result<Option<RecordBatch>> {
     let got = batch.schema();
-    if got.column_with_name(TOMBSTONE_COLUMN).is_some() {
+    // The common case, checked first: the table's columns, in order.
+    let exact = got.fields().len() == table.fields().len()
+        && got
+            .fields()
+            .iter()
+            .zip(table.fields())
+            .all(|(g, t)| g.name() == t.name());
+    if exact || got.column_with_name(TOMBSTONE_COLUMN).is_some() {
         return Ok(None);
     }
     let unknown: Vec<&str> = got

@@ -117,6 +117,53 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
+    /// The shared state of a writer that claimed `manifest` at `epoch`
+    /// (fence sentinel at `sentinel`): no WAL appender yet, an empty active
+    /// memtable of `schema` in the manifest's `current_generation`, phase
+    /// `Opening`. Returns the receiving end of the job queue, for the
+    /// flusher the caller spawns.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        shard: ShardId,
+        epoch: u64,
+        sentinel: u64,
+        config: ShardWriterConfig,
+        storage: Storage,
+        schema: Arc<TableSchema>,
+        routing: Option<Routing>,
+        manifest: ShardManifest,
+    ) -> (Arc<Self>, tokio::sync::mpsc::UnboundedReceiver<Job>) {
+        let (jobs_tx, jobs_rx) = tokio::sync::mpsc::unbounded_channel();
+        let inner = Arc::new(Self {
+            shard,
+            epoch,
+            sentinel,
+            flush_permits: Arc::new(Semaphore::new(config.flush_concurrency)),
+            config,
+            storage,
+            state: Mutex::new(State {
+                appender: None,
+                active: MemTable::new(schema),
+                routing: routing.map(Arc::new),
+                generation: manifest.current_generation.max(1),
+                active_since: None,
+                frozen: VecDeque::new(),
+                published_generation: manifest.current_generation.saturating_sub(1),
+                terminal: None,
+                last_flush_error: None,
+                jobs: Some(jobs_tx),
+            }),
+            manifest: Mutex::new(manifest),
+            life: Lifecycle::new(),
+            puts: AtomicU64::new(0),
+            rows: AtomicU64::new(0),
+            publishes: AtomicU64::new(0),
+            backpressure_waits: AtomicU64::new(0),
+            flush_failures: AtomicU64::new(0),
+        });
+        (inner, jobs_rx)
+    }
+
     /// Makes the writer terminal with `err` (the first error wins): the
     /// appender is dropped (nothing more is written or acknowledged through
     /// it), the job queue closed, unpublished jobs aborted, background

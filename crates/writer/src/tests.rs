@@ -3,8 +3,6 @@
 //! store behind a `FaultStore`, no Lance table), in paused time (no real
 //! sleeps: a backoff or a timeout elapses as soon as every task is idle).
 
-use std::collections::VecDeque;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,13 +15,12 @@ use memwal_testkit::{Action, FaultStore, Gate, OpKind};
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::ObjectStore;
-use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::config::ShardWriterConfig;
-use crate::lifecycle::{Lifecycle, Phase};
-use crate::state::{Inner, JobOutput, State};
+use crate::lifecycle::Phase;
+use crate::state::{Inner, JobOutput};
 use crate::storage::Storage;
 use crate::{Error, Result, ShardWriter};
 
@@ -86,34 +83,16 @@ async fn harness(config: ShardWriterConfig) -> Harness {
         meters: Arc::new(crate::stats::Meters::new(&shard)),
         indexes: Default::default(),
     };
-    let (jobs_tx, jobs_rx) = mpsc::unbounded_channel();
-    let inner = Arc::new(Inner {
+    let (inner, jobs_rx) = Inner::new(
         shard,
-        epoch: claim.epoch,
-        sentinel: 0,
-        flush_permits: Arc::new(Semaphore::new(config.flush_concurrency)),
+        claim.epoch,
+        0,
         config,
         storage,
-        state: Mutex::new(State {
-            appender: None,
-            active: MemTable::new(schema),
-            routing: None,
-            generation: claim.manifest.current_generation,
-            active_since: None,
-            frozen: VecDeque::new(),
-            published_generation: claim.manifest.current_generation - 1,
-            terminal: None,
-            last_flush_error: None,
-            jobs: Some(jobs_tx),
-        }),
-        manifest: Mutex::new(claim.manifest),
-        life: Lifecycle::new(),
-        puts: AtomicU64::new(0),
-        rows: AtomicU64::new(0),
-        publishes: AtomicU64::new(0),
-        backpressure_waits: AtomicU64::new(0),
-        flush_failures: AtomicU64::new(0),
-    });
+        schema,
+        None,
+        claim.manifest,
+    );
     inner.spawn_monitored(
         "flusher",
         tracing::info_span!("flusher"),

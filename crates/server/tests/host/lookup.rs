@@ -6,7 +6,7 @@ use datafusion::scalar::ScalarValue;
 use memwal::ShardWriterConfig;
 use memwal_server::TableHost;
 
-use super::{as_map, bucket_table, tagged};
+use super::{as_map, bucket_table, compact, tagged};
 
 // Breaks if a key lookup misses an acknowledged row in any level (base
 // after compaction, published SSTables, unflushed memtables), returns an
@@ -22,11 +22,7 @@ async fn key_lookups_agree_with_whole_reads_across_every_level() {
     let ids: Vec<i64> = (0..40).collect();
     host.write(&tagged(&ids, "a"), false).await.unwrap();
     host.flush().await.unwrap();
-    let compactor =
-        memwal_compactor::Compactor::new(loc.clone(), memwal_compactor::CompactorConfig::default());
-    for r in compactor.run_once().await.unwrap() {
-        r.unwrap();
-    }
+    compact(&loc).await;
     host.write(&tagged(&ids[10..30], "b"), false).await.unwrap();
     host.flush().await.unwrap();
     host.write(&tagged(&ids[20..25], "c"), false).await.unwrap();

@@ -12,7 +12,7 @@ use futures::TryStreamExt;
 use memwal::ShardWriterConfig;
 use memwal_server::{ServerError, TableHost};
 
-use super::{bucket_table, tagged};
+use super::{bucket_table, compact, tagged};
 
 /// `tagged(ids, tag)` with `extra` = `x<id>`.
 fn with_extra(ids: &[i64], tag: &str) -> RecordBatch {
@@ -59,14 +59,6 @@ async fn base_rows(path: &std::path::Path) -> Vec<RecordBatch> {
         .try_collect()
         .await
         .unwrap()
-}
-
-async fn compact(loc: &memwal_store::StoreLocation) {
-    let compactor =
-        memwal_compactor::Compactor::new(loc.clone(), memwal_compactor::CompactorConfig::default());
-    for r in compactor.run_once().await.unwrap() {
-        r.unwrap();
-    }
 }
 
 /// Refused as invalid (nothing written), naming `column`.
