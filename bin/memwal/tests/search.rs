@@ -1,6 +1,6 @@
 //! Searching what the daemon ingested: an indexed table made by pylance,
 //! fresh rows fed through `memwal serve`, found at once over SQL
-//! (`vector_search`, ADBC) and, once published, by pylance's
+//! (`vector_search`, `fts`, ADBC) and, once published, by pylance's
 //! `LsmVectorSearchPlanner` over the read view.
 
 mod common;
@@ -58,8 +58,9 @@ fn fresh(ids: &[i64]) -> RecordBatch {
 // Breaks if the SSTables the daemon flushes lack the table's maintained
 // indexes: pylance's planner then returns base rows for every probe (0 of
 // 30 top hits) and base rows for a search filtered to fresh rows, and
-// pylance lists no index on them; or if `vector_search` over SQL does not
-// find a fresh, unflushed row as its own top hit.
+// pylance lists no index on them; or if `vector_search` and `fts` over SQL
+// do not find a fresh, unflushed row (its own top hit, its word's only
+// match).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
     let Some(python) = test_python("pylance search") else {
@@ -91,7 +92,7 @@ async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
     let sql_probes: Vec<serde_json::Value> = ids
         .iter()
         .step_by(30)
-        .map(|id| serde_json::json!([id, vector(*id)]))
+        .map(|id| serde_json::json!([id, vector(*id), format!("fresh{id}")]))
         .collect();
     let out = run_python(
         &python,
@@ -101,6 +102,8 @@ async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
     let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     let want: Vec<i64> = ids.iter().step_by(30).copied().collect();
     assert_eq!(got["top"], serde_json::json!(want), "{got}");
+    let each: Vec<Vec<i64>> = want.iter().map(|id| vec![*id]).collect();
+    assert_eq!(got["fts"], serde_json::json!(each), "{got}");
     d.stop_ok();
 
     let snapshots = view_snapshots(&table, Some("vec_idx")).await;

@@ -50,7 +50,7 @@ impl TableHost {
             // Only null keys: nothing to read.
             return Ok(RecordBatch::new_empty(schema));
         }
-        let (snapshots, view) = self.snapshot_and_view().await?;
+        let (snapshots, view) = self.snapshot_and_view(None).await?;
         let failed = |what: &str, e: String| ServerError::Setup {
             table: self.name().to_string(),
             reason: format!("{what}: {e}"),

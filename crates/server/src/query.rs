@@ -5,8 +5,9 @@
 //! a filter on primary-key values (`id = 4`, `id IN (..)`) reads only
 //! those keys ([`TableHost::lookup_rows`], `provider.rs`).
 //!
-//! `vector_search(table, column, vector, k)` is a table function for
-//! nearest-neighbour search ([`crate::search`]).
+//! `vector_search(table, column, vector, k)` and `fts(table, column,
+//! query [, limit])` are table functions for search
+//! ([`crate::table_functions`]).
 //!
 //! Only queries: DDL, DML and other statements are refused. Each query
 //! runs within a memory pool of [`QUERY_MEMORY_BYTES`] and a time limit of
@@ -46,7 +47,7 @@ pub(crate) type Hosts = HashMap<String, Arc<TableHost>>;
 
 /// The result schema of `sql` (planned over empty tables: nothing read).
 pub(crate) async fn plan(hosts: &Hosts, sql: &str) -> Result<SchemaRef, Status> {
-    let ctx = context(hosts, sql, false).await?;
+    let ctx = context(hosts).await?;
     let df = ctx
         .sql_with_options(sql, options())
         .await
@@ -57,7 +58,7 @@ pub(crate) async fn plan(hosts: &Hosts, sql: &str) -> Result<SchemaRef, Status> 
 /// Runs `sql` over the tables as of now.
 pub(crate) async fn run(hosts: &Hosts, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>), Status> {
     let work = async {
-        let ctx = context(hosts, sql, true).await?;
+        let ctx = context(hosts).await?;
         let df = ctx
             .sql_with_options(sql, options())
             .await
@@ -80,9 +81,9 @@ fn options() -> SQLOptions {
         .with_allow_statements(false)
 }
 
-/// A session with every served table registered: read now (`read`) for
-/// the tables `sql` names, empty otherwise.
-async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext, Status> {
+/// A session with every served table and the search table functions
+/// registered; nothing is read until the query runs.
+async fn context(hosts: &Hosts) -> Result<SessionContext, Status> {
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_limit(QUERY_MEMORY_BYTES, 1.0)
         .build_arc()
@@ -90,28 +91,26 @@ async fn context(hosts: &Hosts, sql: &str, read: bool) -> Result<SessionContext,
     let config = SessionConfig::new().with_default_catalog_and_schema(CATALOG, SCHEMA);
     let ctx = SessionContext::new_with_config_rt(config, runtime);
     // Tables are read when the query runs (`provider.rs`): a filter on
-    // primary-key values is a lookup, anything else reads the table whole.
-    // `vector_search` searches tables read whole up front.
-    let lowered = sql.to_lowercase();
+    // primary-key values is a lookup, anything else reads the table whole;
+    // the search table functions search when the query runs too.
     let read_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let searching = read && lowered.contains("vector_search");
-    let mut read_tables = HashMap::new();
     for (name, host) in hosts {
-        if searching && lowered.contains(&name.to_lowercase()) {
-            let batch = host.read_rows().await.map_err(Status::from)?;
-            crate::provider::charge(&read_bytes, &batch).map_err(Status::resource_exhausted)?;
-            read_tables.insert(name.clone(), batch);
-        } else {
-            read_tables.insert(name.clone(), RecordBatch::new_empty(host.schema()));
-        }
         let table = crate::provider::HostTable::new(host.clone(), read_bytes.clone());
         ctx.register_table(name.as_str(), Arc::new(table))
             .map_err(|e| Status::internal(format!("table `{name}`: {e}")))?;
     }
     ctx.register_udtf(
         "vector_search",
-        Arc::new(crate::search::VectorSearch {
-            tables: read_tables,
+        Arc::new(crate::table_functions::VectorSearch {
+            hosts: hosts.clone(),
+            read_bytes: read_bytes.clone(),
+        }),
+    );
+    ctx.register_udtf(
+        "fts",
+        Arc::new(crate::table_functions::FullText {
+            hosts: hosts.clone(),
+            read_bytes,
         }),
     );
     Ok(ctx)

@@ -35,8 +35,13 @@ impl TableHost {
     /// then the published view, of which a held shard keeps only the
     /// SSTables up to its snapshot's generation (the later ones repeat
     /// rows of the snapshot).
+    ///
+    /// `index`: read for a search served by that index, whose view keeps
+    /// the SSTables above the index's catch-up generation (`None`: above
+    /// what the base holds).
     pub(crate) async fn snapshot_and_view(
         &self,
+        index: Option<&str>,
     ) -> Result<(Snapshots, memwal_compactor::TableView), ServerError> {
         let mut snapshots = HashMap::new();
         for w in self.live_writers() {
@@ -49,7 +54,7 @@ impl TableHost {
         // Tests widen this window (`sleep`) to prove the order holds.
         memwal_store::crash_point("server::read_after_snapshots");
         let mut view =
-            memwal_compactor::table_view(&self.loc, None, &memwal_store::RetryPolicy::default())
+            memwal_compactor::table_view(&self.loc, index, &memwal_store::RetryPolicy::default())
                 .await
                 .map_err(|e| ServerError::Setup {
                     table: self.name().to_string(),
@@ -82,7 +87,7 @@ impl TableHost {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "scan")
             .increment(1);
-        let (snapshots, view) = self.snapshot_and_view().await?;
+        let (snapshots, view) = self.snapshot_and_view(None).await?;
         if keys.is_empty() {
             let setup = |reason: String| ServerError::Setup {
                 table: self.name().to_string(),
@@ -200,19 +205,25 @@ pub(crate) fn merge(
 /// values), else by name; nulls where `b` predates the column (a
 /// generation taken before it was added).
 fn column_or_nulls(b: &RecordBatch, f: &Field) -> ArrayRef {
-    let id = |f: &Field| f.metadata().get(memwal_memtable::FIELD_ID_KEY).cloned();
     let schema = b.schema();
-    let by_id = id(f).and_then(|want| {
+    let by_id = field_id(f).and_then(|want| {
         schema
             .fields()
             .iter()
-            .position(|g| g.name() != TOMBSTONE && id(g).as_ref() == Some(&want))
+            .position(|g| g.name() != TOMBSTONE && field_id(g) == Some(want))
     });
     let found = match by_id {
         Some(i) => Some(b.column(i).clone()),
         None => b.column_by_name(f.name()).cloned(),
     };
     found.unwrap_or_else(|| arrow_array::new_null_array(f.data_type(), b.num_rows()))
+}
+
+/// The Lance field id `f` carries, if any.
+pub(crate) fn field_id(f: &Field) -> Option<i32> {
+    f.metadata()
+        .get(memwal_memtable::FIELD_ID_KEY)
+        .and_then(|v| v.parse().ok())
 }
 
 /// An append-only table's rows: the base, the view's SSTables and the

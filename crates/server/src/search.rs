@@ -1,100 +1,279 @@
-//! `vector_search(table, column, vector, k)`: a SQL table function over a
-//! served table as a query reads it (published data plus this daemon's
-//! memtables), so a fresh, unflushed row is found at once:
+//! Searching a served table as of now: nearest neighbours and full-text
+//! search over the base table, every shard's published SSTables and the
+//! held writers' unflushed rows (docs/design/fresh-reads.md).
 //!
-//! ```sql
-//! SELECT id, _distance FROM vector_search('docs', 'vec', '0.1,0.2,0.3', 10)
-//! ```
+//! A column with a maintained index is searched through it, the way
+//! pylance searches a MemWAL table: upstream's `LsmScanner` runs its LSM
+//! planners over the base index, each SSTable's own index (every SSTable
+//! memwal flushes carries the maintained indexes) and the unflushed rows
+//! ([`crate::memtables`]: exact vector distances, an in-memory inverted
+//! index), and keeps the newest version of each key. The view is the
+//! index's: SSTables above its catch-up generation (`index_catchup`), so
+//! rows merged into the base but not yet into its index are still found.
 //!
-//! The vector is a string of comma-separated numbers (any Flight SQL client
-//! can send it); `column` must be a `FixedSizeList<Float32>` of that many
-//! dimensions. The search is exact (every row's squared L2 distance,
-//! `_distance`, smallest first): a brute-force scan of the rows the query
-//! read, no index.
+//! A vector column without a maintained index is searched exactly: every
+//! live row's distance ([`TableHost::read_rows`]). Full-text search needs
+//! a maintained inverted index.
 
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
-use arrow_array::{Array, Float32Array, RecordBatch, UInt32Array};
-use arrow_schema::{DataType, Field, Schema};
-use datafusion::catalog::{TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::{plan_err, DataFusionError, Result, ScalarValue};
-use datafusion::datasource::MemTable;
-use datafusion::logical_expr::Expr;
+use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt32Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use lance::dataset::mem_wal::LsmScanner;
+use lance_index::scalar::FullTextSearchQuery;
+use memwal_sstable::{DistanceType, IndexKind, IndexSpec};
 
-/// The tables a query read, by name (see `query::context`).
-#[derive(Debug)]
-pub(crate) struct VectorSearch {
-    pub(crate) tables: std::collections::HashMap<String, RecordBatch>,
+use crate::{ServerError, TableHost};
+
+/// The column a vector search adds: the distance to the query vector in
+/// the index's metric (squared L2 for an exact search), smallest first.
+pub const DISTANCE_COLUMN: &str = "_distance";
+/// The column a full-text search adds: the BM25 relevance, largest first.
+pub const SCORE_COLUMN: &str = "_score";
+
+/// The schema of a search's result: the table's columns, then `extra`.
+pub(crate) fn result_schema(table: &SchemaRef, extra: &str) -> SchemaRef {
+    let mut fields: Vec<Arc<Field>> = table.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new(extra, DataType::Float32, true)));
+    Arc::new(Schema::new(fields))
 }
 
-fn text(e: &Expr, what: &str) -> Result<String> {
-    match e {
-        Expr::Literal(ScalarValue::Utf8(Some(s)), _) => Ok(s.clone()),
-        other => plan_err!("vector_search: {what} must be a string literal, not {other}"),
-    }
-}
-
-impl TableFunctionImpl for VectorSearch {
-    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
-        let [table, column, vector, k] = args.exprs() else {
-            return plan_err!(
-                "vector_search takes (table, column, vector, k), e.g. \
-                 vector_search('t', 'vec', '0.1,0.2', 10)"
-            );
+impl TableHost {
+    /// The `k` live rows whose `column` is nearest to `vector`, nearest
+    /// first, each with its [`DISTANCE_COLUMN`]; every put acknowledged
+    /// before the call is searched. Served by the column's maintained
+    /// vector index where it has one (approximate, in that index's
+    /// metric), else exact (squared L2 over every live row).
+    /// [`ServerError::InvalidInput`] names a missing column, a column that
+    /// is not a `FixedSizeList<Float32>` of `vector`'s length, or `k` 0.
+    pub async fn nearest(
+        &self,
+        column: &str,
+        vector: &[f32],
+        k: usize,
+    ) -> Result<RecordBatch, ServerError> {
+        let invalid = |reason: String| ServerError::InvalidInput {
+            table: self.name().to_string(),
+            reason,
         };
-        let table = text(table, "the table")?;
-        let column = text(column, "the column")?;
-        let query: Vec<f32> = text(vector, "the vector")?
-            .split(',')
-            .map(|x| x.trim().parse::<f32>())
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| DataFusionError::Plan(format!("vector_search: the vector: {e}")))?;
-        let k = match k {
-            Expr::Literal(ScalarValue::Int64(Some(k)), _) if *k > 0 => *k as usize,
-            other => return plan_err!("vector_search: k must be a positive integer, not {other}"),
-        };
-        let Some(batch) = self.tables.get(&table) else {
-            return plan_err!("vector_search: no table `{table}`");
-        };
-        let Some(values) = batch.column_by_name(&column) else {
-            return plan_err!("vector_search: table `{table}` has no column `{column}`");
-        };
-        let DataType::FixedSizeList(item, dim) = values.data_type() else {
-            return plan_err!("vector_search: `{column}` is not a vector column");
-        };
-        if item.data_type() != &DataType::Float32 || *dim as usize != query.len() {
-            return plan_err!(
-                "vector_search: `{column}` holds {dim} x {}, the query vector has {} values",
-                item.data_type(),
-                query.len()
-            );
+        if k == 0 {
+            return Err(invalid("a vector search needs k > 0".into()));
         }
-        let list = values.as_fixed_size_list();
-        let flat = list.values().as_primitive::<Float32Type>();
-        let dim = *dim as usize;
-        let mut scored: Vec<(f32, u32)> = (0..list.len())
-            .filter(|&r| list.is_valid(r))
-            .map(|r| {
-                let at = list.value_offset(r) as usize;
-                let row = &flat.values()[at..at + dim];
-                let d: f32 = row.iter().zip(&query).map(|(a, b)| (a - b) * (a - b)).sum();
-                (d, r as u32)
-            })
-            .collect();
-        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-        scored.truncate(k);
-        let indices = UInt32Array::from_iter_values(scored.iter().map(|s| s.1));
-        let picked = arrow_select::take::take_record_batch(batch, &indices)?;
-        let mut fields: Vec<Arc<Field>> = picked.schema().fields().iter().cloned().collect();
-        fields.push(Arc::new(Field::new("_distance", DataType::Float32, false)));
-        let mut columns = picked.columns().to_vec();
-        columns.push(Arc::new(Float32Array::from_iter_values(
-            scored.iter().map(|s| s.0),
-        )));
-        let schema = Arc::new(Schema::new(fields));
-        let out = RecordBatch::try_new(schema.clone(), columns)?;
-        Ok(Arc::new(MemTable::try_new(schema, vec![vec![out]])?))
+        let schema = self.schema();
+        let field = schema
+            .field_with_name(column)
+            .map_err(|_| invalid(format!("the table has no column `{column}`")))?;
+        let DataType::FixedSizeList(item, dim) = field.data_type() else {
+            return Err(invalid(format!(
+                "`{column}` is {}, not a vector column",
+                field.data_type()
+            )));
+        };
+        if item.data_type() != &DataType::Float32 || *dim as usize != vector.len() {
+            return Err(invalid(format!(
+                "`{column}` holds {dim} x {}, the query vector has {} values",
+                item.data_type(),
+                vector.len()
+            )));
+        }
+        self.count_read("vector");
+        let out = result_schema(&schema, DISTANCE_COLUMN);
+        let Some(spec) = self.maintained_index(column, "vector").await? else {
+            let rows = self.read_rows().await?;
+            return exact_nearest(&rows, column, vector, k, &out).map_err(invalid);
+        };
+        let IndexKind::Vector(v) = &spec.kind else {
+            return Err(invalid(format!("`{}` is not a vector index", spec.name)));
+        };
+        let distance: DistanceType = v.distance;
+        let scanner = self.lsm_scanner(&spec).await?;
+        let scanner = scanner
+            .nearest(column, &Float32Array::from(vector.to_vec()), k)
+            .map_err(|e| invalid(format!("vector search: {e}")))?
+            .distance_metric(distance);
+        let found = scanner
+            .try_into_batch()
+            .await
+            .map_err(|e| self.failed("vector search", e.to_string()))?;
+        ranked(&found, &out, false).map_err(|e| self.failed("vector search", e))
     }
+
+    /// The live rows whose `column` matches the full-text `query` (the base
+    /// index's tokenizer), most relevant first, each with its
+    /// [`SCORE_COLUMN`]; at most `limit` when given. Every put acknowledged
+    /// before the call is searched. [`ServerError::InvalidInput`] names a
+    /// missing column or one without a maintained inverted index.
+    pub async fn full_text(
+        &self,
+        column: &str,
+        query: &str,
+        limit: Option<usize>,
+    ) -> Result<RecordBatch, ServerError> {
+        let invalid = |reason: String| ServerError::InvalidInput {
+            table: self.name().to_string(),
+            reason,
+        };
+        let schema = self.schema();
+        if schema.field_with_name(column).is_err() {
+            return Err(invalid(format!("the table has no column `{column}`")));
+        }
+        if limit == Some(0) {
+            return Err(invalid("a full-text search limit must be > 0".into()));
+        }
+        self.count_read("full_text");
+        let Some(spec) = self.maintained_index(column, "inverted").await? else {
+            return Err(invalid(format!(
+                "`{column}` has no maintained full-text (INVERTED) index; create one on the \
+                 base table (pylance: ds.create_scalar_index(\"{column}\", \"INVERTED\")) and \
+                 maintain it (maintain_all_indexes, the default, or maintained_indexes)"
+            )));
+        };
+        let mut q = FullTextSearchQuery::new(query.to_string())
+            .with_column(column.to_string())
+            .map_err(|e| invalid(format!("full-text query: {e}")))?;
+        if let Some(limit) = limit {
+            q = q.limit(Some(i64::try_from(limit).unwrap_or(i64::MAX)));
+        }
+        let scanner = self
+            .lsm_scanner(&spec)
+            .await?
+            .full_text_search(q)
+            .map_err(|e| invalid(format!("full-text query: {e}")))?;
+        let found = scanner
+            .try_into_batch()
+            .await
+            .map_err(|e| self.failed("full-text search", e.to_string()))?;
+        let out = result_schema(&schema, SCORE_COLUMN);
+        ranked(&found, &out, true).map_err(|e| self.failed("full-text search", e))
+    }
+
+    fn count_read(&self, kind: &'static str) {
+        metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => kind)
+            .increment(1);
+    }
+
+    fn failed(&self, what: &str, e: String) -> ServerError {
+        ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("{what}: {e}"),
+        }
+    }
+
+    /// The maintained index of kind `label` (`vector`, `inverted`) on
+    /// `column`, as the base table now lists it.
+    async fn maintained_index(
+        &self,
+        column: &str,
+        label: &str,
+    ) -> Result<Option<IndexSpec>, ServerError> {
+        let lance = memwal_sstable::LanceStore::new(self.loc.store.clone());
+        let base = memwal_table::BaseTable::load(&lance, &self.loc.root)
+            .await
+            .map_err(|e| self.failed("reading the base table's indexes", e.to_string()))?;
+        let maintained = base
+            .maintained_indexes()
+            .map_err(|e| self.failed("resolving the maintained indexes", e.to_string()))?;
+        Ok(maintained
+            .specs
+            .into_iter()
+            .find(|s| s.column == column && s.kind.label() == label))
+    }
+
+    /// Upstream's scanner over the read view of index `spec` (SSTables
+    /// above its catch-up) and the held writers' unflushed rows.
+    async fn lsm_scanner(&self, spec: &IndexSpec) -> Result<LsmScanner, ServerError> {
+        let keys: Vec<String> = self
+            .key_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let (snapshots, view) = self.snapshot_and_view(Some(&spec.name)).await?;
+        let full_text: Vec<&IndexSpec> = match spec.kind {
+            IndexKind::Inverted(_) => vec![spec],
+            _ => Vec::new(),
+        };
+        let mut scanner = LsmScanner::new(view.base.clone(), view.snapshots(), keys.clone());
+        for s in snapshots.values() {
+            let memtables = crate::memtables::in_memory(s, &keys, &full_text)
+                .map_err(|e| self.failed("reading unflushed rows", e))?;
+            if let Some(m) = memtables {
+                scanner = scanner.with_in_memory_memtables(s.shard.uuid(), m);
+            }
+        }
+        Ok(scanner)
+    }
+}
+
+/// `found` in `out`'s columns (matched by name; absent ones null), ordered
+/// by its last column: descending when `descending`, else ascending.
+fn ranked(found: &RecordBatch, out: &SchemaRef, descending: bool) -> Result<RecordBatch, String> {
+    let columns = out
+        .fields()
+        .iter()
+        .map(|f| match found.column_by_name(f.name()) {
+            Some(c) if c.data_type() == f.data_type() => Ok(c.clone()),
+            Some(c) => {
+                datafusion::arrow::compute::cast(c, f.data_type()).map_err(|e| e.to_string())
+            }
+            None => Ok(arrow_array::new_null_array(f.data_type(), found.num_rows())),
+        })
+        .collect::<Result<Vec<ArrayRef>, String>>()?;
+    let batch = RecordBatch::try_new(out.clone(), columns).map_err(|e| e.to_string())?;
+    let Some(rank) = batch.columns().last() else {
+        return Ok(batch);
+    };
+    let order = datafusion::arrow::compute::sort_to_indices(
+        rank,
+        Some(datafusion::arrow::compute::SortOptions {
+            descending,
+            nulls_first: false,
+        }),
+        None,
+    )
+    .map_err(|e| e.to_string())?;
+    arrow_select::take::take_record_batch(&batch, &order).map_err(|e| e.to_string())
+}
+
+/// The `k` rows of `rows` whose `column` is nearest to `query` (squared
+/// L2), nearest first, in `out` (`rows`' columns plus the distance).
+fn exact_nearest(
+    rows: &RecordBatch,
+    column: &str,
+    query: &[f32],
+    k: usize,
+    out: &SchemaRef,
+) -> Result<RecordBatch, String> {
+    let values = rows
+        .column_by_name(column)
+        .ok_or_else(|| format!("the table has no column `{column}`"))?;
+    let list = values
+        .as_fixed_size_list_opt()
+        .ok_or_else(|| format!("`{column}` is not a vector column"))?;
+    let flat = list
+        .values()
+        .as_primitive_opt::<Float32Type>()
+        .ok_or_else(|| format!("`{column}` does not hold float32 values"))?;
+    let dim = query.len();
+    let mut scored: Vec<(f32, u32)> = (0..list.len())
+        .filter(|&r| list.is_valid(r))
+        .map(|r| {
+            let at = list.value_offset(r) as usize;
+            let row = &flat.values()[at..at + dim];
+            let d: f32 = row.iter().zip(query).map(|(a, b)| (a - b) * (a - b)).sum();
+            (d, r as u32)
+        })
+        .collect();
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    scored.truncate(k);
+    let indices = UInt32Array::from_iter_values(scored.iter().map(|s| s.1));
+    let picked =
+        arrow_select::take::take_record_batch(rows, &indices).map_err(|e| e.to_string())?;
+    let mut columns = picked.columns().to_vec();
+    columns.push(Arc::new(Float32Array::from_iter_values(
+        scored.iter().map(|s| s.0),
+    )));
+    RecordBatch::try_new(out.clone(), columns).map_err(|e| e.to_string())
 }

@@ -924,3 +924,6 @@ mod schema;
 
 #[path = "host/lookup.rs"]
 mod lookup;
+
+#[path = "host/search.rs"]
+mod search;
