@@ -23,6 +23,8 @@
 //! max_open_shards = 1024         # per table; rows for one more: RESOURCE_EXHAUSTED
 //! shard_idle_secs = 600          # close a shard no rows arrived for this long (0: never)
 //! schema_poll_ms = 5000          # follow a base-table schema change within this (0: on `evolve` only)
+//! query_memory_mib = 512         # one SQL query's memory (RESOURCE_EXHAUSTED past it)
+//! query_timeout_ms = 30000       # one SQL query's time (DEADLINE_EXCEEDED past it)
 //! token = "…"                    # require `authorization: Bearer …`
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -41,6 +43,7 @@
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_CONNECTIONS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
 //! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, `MEMWAL_MAX_OPEN_SHARDS`, `MEMWAL_SHARD_IDLE_SECS`, `MEMWAL_SCHEMA_POLL_MS`,
+//! `MEMWAL_QUERY_MEMORY_MIB`, `MEMWAL_QUERY_TIMEOUT_MS`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
 //! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
@@ -108,6 +111,12 @@ pub struct ServeConfig {
     /// Every this many milliseconds the base table's schema is read and a
     /// change followed by every live shard (0: only on the `evolve` action).
     pub schema_poll_ms: u64,
+    /// Memory one SQL query may use, in MiB (its operators and the table
+    /// rows it reads); past it the query ends with RESOURCE_EXHAUSTED.
+    pub query_memory_mib: usize,
+    /// Milliseconds one SQL query may run; past it the query ends with
+    /// DEADLINE_EXCEEDED.
+    pub query_timeout_ms: u64,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
     /// A file holding the bearer token (its first line): keeps it out of
@@ -144,6 +153,8 @@ impl Default for ServeConfig {
             max_open_shards: 1024,
             shard_idle_secs: 600,
             schema_poll_ms: 5000,
+            query_memory_mib: 512,
+            query_timeout_ms: 30_000,
             token: None,
             token_file: None,
             tls_cert: None,
@@ -233,6 +244,14 @@ pub struct ServeArgs {
     /// `evolve` action [default: 5000].
     #[arg(long)]
     pub schema_poll_ms: Option<u64>,
+    /// Memory one SQL query may use, in MiB; past it the query ends with
+    /// RESOURCE_EXHAUSTED [default: 512].
+    #[arg(long)]
+    pub query_memory_mib: Option<usize>,
+    /// Milliseconds one SQL query may run; past it the query ends with
+    /// DEADLINE_EXCEEDED [default: 30000].
+    #[arg(long)]
+    pub query_timeout_ms: Option<u64>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
     /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
@@ -341,6 +360,12 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.schema_poll_ms {
         put("schema_poll_ms", s.into());
     }
+    if let Some(n) = args.query_memory_mib {
+        put("query_memory_mib", n.into());
+    }
+    if let Some(s) = args.query_timeout_ms {
+        put("query_timeout_ms", s.into());
+    }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
@@ -396,6 +421,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "max_open_shards",
             "shard_idle_secs",
             "schema_poll_ms",
+            "query_memory_mib",
+            "query_timeout_ms",
             "token",
             "token_file",
             "tls_cert",
@@ -434,6 +461,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
         ),
         ("first_message_secs", config.first_message_secs == 0),
         ("max_open_shards", config.max_open_shards == 0),
+        ("query_memory_mib", config.query_memory_mib == 0),
+        ("query_timeout_ms", config.query_timeout_ms == 0),
     ] {
         if zero {
             return Err(format!("{key} must be at least 1"));

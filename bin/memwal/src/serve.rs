@@ -195,7 +195,11 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     };
     let service = IngestService::new(hosts.clone(), args.token.clone())
         .with_cut(cut_rx)
-        .with_limits(limits);
+        .with_limits(limits)
+        .with_query_limits(memwal_server::QueryLimits {
+            memory_bytes: args.query_memory_mib.saturating_mul(1 << 20),
+            timeout: Duration::from_millis(args.query_timeout_ms),
+        });
     let incoming = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("binding {}: {e}", args.listen))?;

@@ -787,3 +787,56 @@ async fn memwal_query_reads_back_acked_rows() {
 
 #[path = "daemon/schema.rs"]
 mod schema;
+
+// Breaks if a query past its memory budget or time limit does not end
+// with RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED naming the limit, or if the
+// daemon stops answering queries after one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_past_their_limits_get_a_clear_status_and_the_daemon_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(
+        &table,
+        &["--query-memory-mib", "1", "--query-timeout-ms", "500"],
+    );
+    let mut c = client(&d.flight, None).await;
+    // ~2 MiB of rows: a whole read of the table is over the 1 MiB budget.
+    let ids: Vec<i64> = (0..20_000).collect();
+    let wide = "x".repeat(100);
+    let batches: Vec<RecordBatch> = ids.chunks(5_000).map(|c| rows(c, &wide)).collect();
+    put(&mut c, &["t"], batches).await.unwrap();
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "SELECT * FROM t"]);
+    assert!(
+        // tonic's text of RESOURCE_EXHAUSTED, then ours.
+        !ok && err.contains("resource has been exhausted") && err.contains("memory budget"),
+        "{out}{err}"
+    );
+    // A key lookup reads a row, well within the budget.
+    let one = "SELECT id FROM t WHERE id = 7";
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", one]);
+    assert!(ok && out.trim() == r#"{"id":7}"#, "{out}{err}");
+    // A sum over a 3 x 10^9-row cross join (its build side, 30000 rows,
+    // within the memory budget) runs far past 500 ms (a sum, not a
+    // count: no statistics answer it without running it). It must end
+    // near its limit: a cross join emits batches without polling its
+    // input, so unless every operator yields (`cooperative.rs`) the limit
+    // could not cut it for seconds (about 5 s here, against 0.55 s).
+    let slow = "SELECT sum(a.value * b.value) FROM generate_series(1, 30000) a, \
+                generate_series(1, 100000) b";
+    let started = std::time::Instant::now();
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, slow]);
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "ended after {took:?}"
+    );
+    assert!(
+        // tonic's text of DEADLINE_EXCEEDED, then ours.
+        !ok && err.contains("Deadline expired") && err.contains("500ms limit"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", one]);
+    assert!(ok && out.trim() == r#"{"id":7}"#, "{out}{err}");
+    d.stop_ok();
+}

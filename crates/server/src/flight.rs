@@ -33,6 +33,7 @@ pub struct IngestService {
     tables: Arc<HashMap<String, Arc<TableHost>>>,
     token: Option<Arc<str>>,
     budget: Budget,
+    query_limits: crate::query::QueryLimits,
     cut: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -44,6 +45,7 @@ impl IngestService {
             tables,
             token: token.map(Into::into),
             budget: Budget::new(IngestLimits::default()),
+            query_limits: crate::query::QueryLimits::default(),
             cut: tokio::sync::watch::channel(false).1,
         }
     }
@@ -59,6 +61,12 @@ impl IngestService {
     /// (default: [`IngestLimits::default`]).
     pub fn with_limits(mut self, limits: IngestLimits) -> Self {
         self.budget = Budget::new(limits);
+        self
+    }
+
+    /// What one SQL query may use (default: [`crate::QueryLimits::default`]).
+    pub fn with_query_limits(mut self, limits: crate::query::QueryLimits) -> Self {
+        self.query_limits = limits;
         self
     }
 
@@ -161,7 +169,7 @@ impl FlightService for IngestService {
         self.authorize(&request)?;
         if is_command(request.get_ref()) {
             return Ok(Response::new(
-                sql::flight_info(&self.tables, request.get_ref()).await?,
+                sql::flight_info(&self.tables, &self.query_limits, request.get_ref()).await?,
             ));
         }
         let (t, _) = self.target(request.get_ref())?;
@@ -182,7 +190,7 @@ impl FlightService for IngestService {
         self.authorize(&request)?;
         if is_command(request.get_ref()) {
             return Ok(Response::new(schema_result(
-                &sql::schema(&self.tables, request.get_ref()).await?,
+                &sql::schema(&self.tables, &self.query_limits, request.get_ref()).await?,
             )?));
         }
         let (t, delete) = self.target(request.get_ref())?;
@@ -195,7 +203,7 @@ impl FlightService for IngestService {
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.authorize(&request)?;
-        sql::do_get(&self.tables, request.get_ref())
+        sql::do_get(&self.tables, &self.query_limits, request.get_ref())
             .await
             .map(Response::new)
     }
@@ -274,7 +282,14 @@ impl FlightService for IngestService {
     ) -> Result<Response<Self::DoActionStream>, Status> {
         self.authorize(&request)?;
         let action = request.into_inner();
-        if let Some(results) = sql::action(&self.tables, &action.r#type, &action.body).await {
+        if let Some(results) = sql::action(
+            &self.tables,
+            &self.query_limits,
+            &action.r#type,
+            &action.body,
+        )
+        .await
+        {
             let results = results?;
             return Ok(Response::new(Box::pin(futures::stream::iter(
                 results.into_iter().map(Ok),

@@ -9,6 +9,7 @@
 mod auth;
 mod columns;
 mod conns;
+mod cooperative;
 mod decode;
 mod error;
 mod evolve;
@@ -33,6 +34,6 @@ pub use decode::IngestLimits;
 pub use error::{FailedPart, ServerError};
 pub use flight::IngestService;
 pub use limits::ShardLimits;
-pub use query::{QUERY_MEMORY_BYTES, QUERY_TIMEOUT};
+pub use query::{QueryLimits, QUERY_MEMORY_BYTES, QUERY_TIMEOUT};
 pub use search::{DISTANCE_COLUMN, SCORE_COLUMN};
 pub use table::{FlushTurn, PartAck, ShardKey, ShardStatus, TableHost, MIN_FLUSH_INTERVAL};

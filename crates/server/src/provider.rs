@@ -17,7 +17,6 @@ use datafusion::datasource::{MemTable, TableType};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::query::QUERY_MEMORY_BYTES;
 use crate::TableHost;
 
 /// One served table in one query's session.
@@ -26,12 +25,12 @@ pub(crate) struct HostTable {
     host: Arc<TableHost>,
     /// The table's schema when the query was planned.
     schema: SchemaRef,
-    /// Bytes this query's table reads hold so far (shared by its tables).
-    read_bytes: Arc<AtomicUsize>,
+    /// This query's budget for table reads (shared by its tables).
+    read_bytes: Arc<ReadBudget>,
 }
 
 impl HostTable {
-    pub(crate) fn new(host: Arc<TableHost>, read_bytes: Arc<AtomicUsize>) -> Self {
+    pub(crate) fn new(host: Arc<TableHost>, read_bytes: Arc<ReadBudget>) -> Self {
         Self {
             schema: host.schema(),
             host,
@@ -84,18 +83,33 @@ impl HostTable {
     }
 }
 
-/// Counts `batch` against the query's budget for table reads
-/// ([`QUERY_MEMORY_BYTES`]); `Err` says the budget is exceeded.
-pub(crate) fn charge(read_bytes: &AtomicUsize, batch: &RecordBatch) -> Result<(), String> {
-    let size = batch.get_array_memory_size();
-    let held = read_bytes.fetch_add(size, Ordering::Relaxed) + size;
-    if held > QUERY_MEMORY_BYTES {
-        return Err(format!(
-            "the tables this query reads hold more than its {} MiB budget",
-            QUERY_MEMORY_BYTES >> 20
-        ));
+/// The bytes one query's table reads may hold, and hold so far.
+#[derive(Debug)]
+pub(crate) struct ReadBudget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl ReadBudget {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            used: AtomicUsize::new(0),
+            limit,
+        }
     }
-    Ok(())
+
+    /// Counts `batch` against the budget; `Err` says it is exceeded.
+    pub(crate) fn charge(&self, batch: &RecordBatch) -> Result<(), String> {
+        let size = batch.get_array_memory_size();
+        let held = self.used.fetch_add(size, Ordering::Relaxed) + size;
+        if held > self.limit {
+            return Err(format!(
+                "the tables this query reads hold {held} bytes, more than its budget of {} bytes",
+                self.limit
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -133,7 +147,9 @@ impl TableProvider for HostTable {
             None => self.host.read_rows().await,
         };
         let batch = read.map_err(|e| DataFusionError::External(Box::new(e)))?;
-        charge(&self.read_bytes, &batch).map_err(DataFusionError::ResourcesExhausted)?;
+        self.read_bytes
+            .charge(&batch)
+            .map_err(DataFusionError::ResourcesExhausted)?;
         MemTable::try_new(self.schema.clone(), vec![vec![batch]])?
             .scan(state, projection, &[], limit)
             .await
@@ -213,7 +229,10 @@ mod tests {
         let hosts = HashMap::from([("t".to_string(), host.clone())]);
         let run = |sql: &'static str| {
             let hosts = hosts.clone();
-            async move { crate::query::run(&hosts, sql).await.unwrap().1 }
+            async move {
+                let limits = crate::query::QueryLimits::default();
+                crate::query::run(&hosts, &limits, sql).await.unwrap().1
+            }
         };
         let got = run("SELECT id, v FROM t WHERE id IN (3, 7, 99) ORDER BY id").await;
         assert_eq!(pairs(&got), [(3, "v3".into()), (7, "v7".into())]);

@@ -10,9 +10,9 @@
 //! ([`crate::table_functions`]).
 //!
 //! Only queries: DDL, DML and other statements are refused. Each query
-//! runs within a memory pool of [`QUERY_MEMORY_BYTES`] and a time limit of
-//! [`QUERY_TIMEOUT`]; a table read for it counts its rows against
-//! [`QUERY_MEMORY_BYTES`] too. Bad SQL is `INVALID_ARGUMENT` naming the
+//! runs within a memory pool and a time limit ([`QueryLimits`]: by default
+//! [`QUERY_MEMORY_BYTES`], [`QUERY_TIMEOUT`]); a table read for it counts
+//! its rows against the memory limit too. Bad SQL is `INVALID_ARGUMENT` naming the
 //! error, past the budget `RESOURCE_EXHAUSTED`, past the time
 //! `DEADLINE_EXCEEDED`.
 
@@ -25,16 +25,39 @@ use arrow_schema::SchemaRef;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::SessionStateBuilder;
 use tonic::Status;
 
 use crate::TableHost;
 
-/// Memory one query may use (DataFusion's pool, and the table rows read
-/// for it).
+/// Memory one query may use by default (DataFusion's pool, and the table
+/// rows read for it).
 pub const QUERY_MEMORY_BYTES: usize = 512 << 20;
 
-/// How long one query may run.
+/// How long one query may run by default.
 pub const QUERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What one query may use: past `memory_bytes` (DataFusion's pool, and
+/// the table rows read for it) it ends with `RESOURCE_EXHAUSTED`, past
+/// `timeout` with `DEADLINE_EXCEEDED`; either way nothing else is
+/// affected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryLimits {
+    /// Memory one query may use, in bytes.
+    pub memory_bytes: usize,
+    /// How long one query may run.
+    pub timeout: Duration,
+}
+
+impl Default for QueryLimits {
+    /// [`QUERY_MEMORY_BYTES`] and [`QUERY_TIMEOUT`].
+    fn default() -> Self {
+        Self {
+            memory_bytes: QUERY_MEMORY_BYTES,
+            timeout: QUERY_TIMEOUT,
+        }
+    }
+}
 
 /// The catalog and schema the served tables are in (`memwal.public.t`
 /// and plain `t` both name table `t`).
@@ -46,8 +69,12 @@ pub const SCHEMA: &str = "public";
 pub(crate) type Hosts = HashMap<String, Arc<TableHost>>;
 
 /// The result schema of `sql` (planned over empty tables: nothing read).
-pub(crate) async fn plan(hosts: &Hosts, sql: &str) -> Result<SchemaRef, Status> {
-    let ctx = context(hosts).await?;
+pub(crate) async fn plan(
+    hosts: &Hosts,
+    limits: &QueryLimits,
+    sql: &str,
+) -> Result<SchemaRef, Status> {
+    let ctx = context(hosts, limits)?;
     let df = ctx
         .sql_with_options(sql, options())
         .await
@@ -56,9 +83,13 @@ pub(crate) async fn plan(hosts: &Hosts, sql: &str) -> Result<SchemaRef, Status> 
 }
 
 /// Runs `sql` over the tables as of now.
-pub(crate) async fn run(hosts: &Hosts, sql: &str) -> Result<(SchemaRef, Vec<RecordBatch>), Status> {
+pub(crate) async fn run(
+    hosts: &Hosts,
+    limits: &QueryLimits,
+    sql: &str,
+) -> Result<(SchemaRef, Vec<RecordBatch>), Status> {
     let work = async {
-        let ctx = context(hosts).await?;
+        let ctx = context(hosts, limits)?;
         let df = ctx
             .sql_with_options(sql, options())
             .await
@@ -67,10 +98,13 @@ pub(crate) async fn run(hosts: &Hosts, sql: &str) -> Result<(SchemaRef, Vec<Reco
         let batches = df.collect().await.map_err(|e| refused(sql, e))?;
         Ok::<_, Status>((schema, batches))
     };
-    tokio::time::timeout(QUERY_TIMEOUT, work)
+    tokio::time::timeout(limits.timeout, work)
         .await
         .map_err(|_| {
-            Status::deadline_exceeded(format!("query ran past its {QUERY_TIMEOUT:?} limit: {sql}"))
+            Status::deadline_exceeded(format!(
+                "query ran past its {:?} limit: {sql}",
+                limits.timeout
+            ))
         })?
 }
 
@@ -83,17 +117,23 @@ fn options() -> SQLOptions {
 
 /// A session with every served table and the search table functions
 /// registered; nothing is read until the query runs.
-async fn context(hosts: &Hosts) -> Result<SessionContext, Status> {
+fn context(hosts: &Hosts, limits: &QueryLimits) -> Result<SessionContext, Status> {
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(QUERY_MEMORY_BYTES, 1.0)
+        .with_memory_limit(limits.memory_bytes, 1.0)
         .build_arc()
         .map_err(|e| Status::internal(e.to_string()))?;
     let config = SessionConfig::new().with_default_catalog_and_schema(CATALOG, SCHEMA);
-    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .with_physical_optimizer_rule(Arc::new(crate::cooperative::YieldEverywhere))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     // Tables are read when the query runs (`provider.rs`): a filter on
     // primary-key values is a lookup, anything else reads the table whole;
     // the search table functions search when the query runs too.
-    let read_bytes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let read_bytes = Arc::new(crate::provider::ReadBudget::new(limits.memory_bytes));
     for (name, host) in hosts {
         let table = crate::provider::HostTable::new(host.clone(), read_bytes.clone());
         ctx.register_table(name.as_str(), Arc::new(table))

@@ -88,6 +88,7 @@ fn query_text(cmd: &Command) -> Option<Result<String, Status>> {
 /// query (its result schema; the ticket runs it).
 pub(crate) async fn flight_info(
     tables: &crate::query::Hosts,
+    limits: &crate::query::QueryLimits,
     descriptor: &FlightDescriptor,
 ) -> Result<FlightInfo, Status> {
     let cmd = command(&descriptor.cmd)?;
@@ -103,7 +104,7 @@ pub(crate) async fn flight_info(
         other => match query_text(other) {
             Some(sql) => {
                 let sql = sql?;
-                let schema = crate::query::plan(tables, &sql).await?;
+                let schema = crate::query::plan(tables, limits, &sql).await?;
                 let ticket = TicketStatementQuery {
                     statement_handle: Bytes::from(sql.into_bytes()),
                 };
@@ -124,13 +125,14 @@ pub(crate) async fn flight_info(
 /// `GetSchema` for a command descriptor.
 pub(crate) async fn schema(
     tables: &crate::query::Hosts,
+    limits: &crate::query::QueryLimits,
     descriptor: &FlightDescriptor,
 ) -> Result<arrow_schema::SchemaRef, Status> {
     match command(&descriptor.cmd)? {
         Command::CommandGetSqlInfo(get) => Ok(get.into_builder(sql_info()).schema()),
         Command::CommandGetTables(get) => Ok(get.into_builder().schema()),
         other => match query_text(&other) {
-            Some(sql) => crate::query::plan(tables, &sql?).await,
+            Some(sql) => crate::query::plan(tables, limits, &sql?).await,
             None => Err(unsupported(&other)),
         },
     }
@@ -139,6 +141,7 @@ pub(crate) async fn schema(
 /// `DoGet` of a ticket [`flight_info`] handed out.
 pub(crate) async fn do_get(
     tables: &crate::query::Hosts,
+    limits: &crate::query::QueryLimits,
     ticket: &Ticket,
 ) -> Result<futures::stream::BoxStream<'static, Result<FlightData, Status>>, Status> {
     let cmd = command(&ticket.ticket)?;
@@ -169,7 +172,7 @@ pub(crate) async fn do_get(
             (batch.schema(), vec![batch])
         }
         other => match query_text(other) {
-            Some(sql) => crate::query::run(tables, &sql?).await?,
+            Some(sql) => crate::query::run(tables, limits, &sql?).await?,
             None => return Err(unsupported(other)),
         },
     };
@@ -184,6 +187,7 @@ pub(crate) async fn do_get(
 /// `None` for any other action type.
 pub(crate) async fn action(
     tables: &crate::query::Hosts,
+    limits: &crate::query::QueryLimits,
     kind: &str,
     body: &[u8],
 ) -> Option<Result<Vec<arrow_flight::Result>, Status>> {
@@ -200,7 +204,7 @@ pub(crate) async fn action(
                     .ok_or_else(|| {
                         Status::invalid_argument("CreatePreparedStatement: another message")
                     })?;
-                let schema = crate::query::plan(tables, &req.query).await?;
+                let schema = crate::query::plan(tables, limits, &req.query).await?;
                 let schema_bytes =
                     arrow_flight::IpcMessage::try_from(arrow_flight::SchemaAsIpc::new(
                         &schema,
@@ -379,6 +383,7 @@ mod tests {
             Command::CommandGetSqlInfo(_)
         ));
         let tables = crate::query::Hosts::new();
+        let limits = crate::query::QueryLimits::default();
         let query = |q: &str| {
             FlightDescriptor::new_cmd(
                 arrow_flight::sql::CommandStatementQuery {
@@ -389,14 +394,16 @@ mod tests {
                 .encode_to_vec(),
             )
         };
-        let s = schema(&tables, &query("select 1 as one")).await.unwrap();
+        let s = schema(&tables, &limits, &query("select 1 as one"))
+            .await
+            .unwrap();
         assert_eq!(s.field(0).name(), "one");
-        let err = schema(&tables, &query("select * from nowhere"))
+        let err = schema(&tables, &limits, &query("select * from nowhere"))
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err}");
         assert!(err.message().contains("nowhere"), "{err}");
-        let err = schema(&tables, &query("create table x (a int)"))
+        let err = schema(&tables, &limits, &query("create table x (a int)"))
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err}");
@@ -405,7 +412,7 @@ mod tests {
                 .as_any()
                 .encode_to_vec(),
         );
-        let err = schema(&tables, &catalogs).await.unwrap_err();
+        let err = schema(&tables, &limits, &catalogs).await.unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented);
     }
 }

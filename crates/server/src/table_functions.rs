@@ -15,7 +15,6 @@
 //! plus `_distance` or `_score`, and takes further SQL (`WHERE`, `JOIN`,
 //! ...) like any table.
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
@@ -34,14 +33,14 @@ use crate::TableHost;
 #[derive(Debug)]
 pub(crate) struct VectorSearch {
     pub(crate) hosts: Hosts,
-    pub(crate) read_bytes: Arc<AtomicUsize>,
+    pub(crate) read_bytes: Arc<crate::provider::ReadBudget>,
 }
 
 /// `fts(table, column, query [, limit])`.
 #[derive(Debug)]
 pub(crate) struct FullText {
     pub(crate) hosts: Hosts,
-    pub(crate) read_bytes: Arc<AtomicUsize>,
+    pub(crate) read_bytes: Arc<crate::provider::ReadBudget>,
 }
 
 fn text(f: &str, e: &Expr, what: &str) -> Result<String> {
@@ -139,7 +138,7 @@ struct Search {
     host: Arc<TableHost>,
     schema: SchemaRef,
     request: Request,
-    read_bytes: Arc<AtomicUsize>,
+    read_bytes: Arc<crate::provider::ReadBudget>,
 }
 
 #[async_trait]
@@ -168,7 +167,8 @@ impl TableProvider for Search {
             } => self.host.full_text(column, query, *limit).await,
         };
         let batch = found.map_err(|e| DataFusionError::External(Box::new(e)))?;
-        crate::provider::charge(&self.read_bytes, &batch)
+        self.read_bytes
+            .charge(&batch)
             .map_err(DataFusionError::ResourcesExhausted)?;
         MemTable::try_new(self.schema.clone(), vec![vec![batch]])?
             .scan(state, projection, &[], limit)
