@@ -173,3 +173,200 @@ async fn pylance_lsm_vector_search_finds_rows_fed_through_the_daemon() {
     );
     d.stop_ok();
 }
+
+/// Rows `ids` as put number `tag` writes them: a vector in [50, 60) per
+/// (id, tag), `txt` `t{tag}w{id} common`, `n` `id + tag * 10^6`.
+fn tagged(ids: &[i64], tag: i64) -> RecordBatch {
+    let item = Arc::new(Field::new("item", DataType::Float32, true));
+    let values: Vec<f32> = ids
+        .iter()
+        .flat_map(|id| vector(id + tag * 1_000_000))
+        .collect();
+    RecordBatch::try_new(
+        fresh(&[]).schema(),
+        vec![
+            Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
+            Arc::new(
+                FixedSizeListArray::try_new(item, 16, Arc::new(Float32Array::from(values)), None)
+                    .unwrap(),
+            ),
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|id| format!("t{tag}w{id} common")),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                ids.iter().map(|id| id + tag * 1_000_000),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// Panics naming the keys where two reads (`levels_compare.py` objects)
+/// differ, section by section.
+fn same(got: &serde_json::Value, want: &serde_json::Value, what: &str) {
+    for section in ["rows", "lookups", "nearest"] {
+        let (g, w) = (&got[section], &want[section]);
+        let keys: std::collections::BTreeSet<&String> = g
+            .as_object()
+            .into_iter()
+            .chain(w.as_object())
+            .flat_map(|m| m.keys())
+            .collect();
+        let differ: Vec<String> = keys
+            .into_iter()
+            .filter(|k| g.get(k.as_str()) != w.get(k.as_str()))
+            .map(|k| format!("{k}: {:?} vs {:?}", g.get(k.as_str()), w.get(k.as_str())))
+            .take(10)
+            .collect();
+        assert!(differ.is_empty(), "{what}: {section} differ: {differ:?}");
+    }
+}
+
+/// `levels_compare.py`: the reads over SQL (from `flight`, when given) and
+/// with pylance over the published view (when `pylance`).
+async fn reads(
+    python: &str,
+    flight: Option<&str>,
+    table: &str,
+    pylance: bool,
+    keys: &[i64],
+    probes: &serde_json::Value,
+) -> serde_json::Value {
+    let (snaps, vec_snaps) = if pylance {
+        (
+            serde_json::to_string(&view_snapshots(table, None).await).unwrap(),
+            serde_json::to_string(&view_snapshots(table, Some("vec_idx")).await).unwrap(),
+        )
+    } else {
+        ("-".to_string(), "[]".to_string())
+    };
+    let out = run_python(
+        python,
+        "levels_compare.py",
+        &[
+            flight.unwrap_or("-"),
+            table,
+            &snaps,
+            &vec_snaps,
+            &serde_json::to_string(keys).unwrap(),
+            &probes.to_string(),
+        ],
+    );
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+// Breaks if a SQL read through the daemon (every row, key lookups, vector
+// search) differs between unflushed, published, and compacted + GC'd
+// data, or from what pylance's `LsmScanner`, `LsmPointLookupPlanner` and
+// `LsmVectorSearchPlanner` read from the same table; or if an overwrite
+// or delete (of fresh and of base rows) is not what every read shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_reads_agree_with_pylance_before_and_after_flush_compaction_and_gc() {
+    let Some(python) = test_python("pylance reads") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    run_python(&python, "indexed_table.py", &[&table]);
+    let d = Daemon::start(&table, &[]);
+    let mut c = client(&d.flight, None).await;
+    let ids: Vec<i64> = (FRESH..FRESH + 300).collect();
+    put(
+        &mut c,
+        &["t"],
+        ids.chunks(100).map(|c| tagged(c, 1)).collect(),
+    )
+    .await
+    .unwrap();
+    let rewritten: Vec<i64> = (FRESH..FRESH + 30).chain([5, 6, 7]).collect();
+    put(&mut c, &["t"], vec![tagged(&rewritten, 2)])
+        .await
+        .unwrap();
+    let deleted: Vec<i64> = (FRESH + 40..FRESH + 50).chain([8, 9]).collect();
+    put(&mut c, &["t", "delete"], vec![keys(&deleted)])
+        .await
+        .unwrap();
+    let lookups = [
+        0,
+        5,
+        8,
+        9,
+        FRESH,
+        FRESH + 35,
+        FRESH + 45,
+        FRESH + 299,
+        999_999,
+    ];
+    let live = |id: i64| -> Option<i64> {
+        if deleted.contains(&id) {
+            None
+        } else if rewritten.contains(&id) {
+            Some(2)
+        } else {
+            Some(1)
+        }
+    };
+    let probe_ids = [FRESH, FRESH + 29, FRESH + 100, FRESH + 250, 5];
+    let probes = serde_json::Value::Array(
+        probe_ids
+            .iter()
+            .map(|&id| {
+                let tag = live(id).unwrap();
+                serde_json::json!([id, vector(id + tag * 1_000_000)])
+            })
+            .collect(),
+    );
+
+    // Unflushed: what the model says.
+    let unflushed = reads(&python, Some(&d.flight), &table, false, &lookups, &probes).await;
+    let sql = &unflushed["sql"];
+    assert_eq!(sql["rows"].as_object().unwrap().len(), 3000 + 300 - 12);
+    for k in lookups {
+        let want = match (k, live(k)) {
+            (999_999, _) | (_, None) => serde_json::Value::Null,
+            (k, Some(_)) if k < 3000 && !rewritten.contains(&k) => {
+                serde_json::json!([format!("base{k} common"), k])
+            }
+            (k, Some(tag)) => {
+                serde_json::json!([format!("t{tag}w{k} common"), k + tag * 1_000_000])
+            }
+        };
+        assert_eq!(sql["lookups"][k.to_string()], want, "key {k}: {sql}");
+        assert_eq!(
+            sql["rows"].get(k.to_string()),
+            want.as_array().map(|_| &want)
+        );
+    }
+    for id in probe_ids {
+        assert_eq!(sql["nearest"][id.to_string()], id, "probe {id}");
+    }
+    d.stop_ok();
+
+    // Published (the daemon flushed on stop): the same over SQL, and the
+    // same with pylance.
+    let d = Daemon::start(&table, &[]);
+    let published = reads(&python, Some(&d.flight), &table, true, &lookups, &probes).await;
+    same(&published["sql"], &unflushed["sql"], "published, SQL");
+    same(
+        &published["pylance"],
+        &unflushed["sql"],
+        "published, pylance",
+    );
+    d.stop_ok();
+
+    // Compacted (the base indexes caught up) and collected.
+    let (ok, out, err) = memwal(&["compact", &table]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, err) = memwal(&["gc", &table, "--grace", "0s"]);
+    assert!(ok, "{out}{err}");
+    let d = Daemon::start(&table, &[]);
+    let compacted = reads(&python, Some(&d.flight), &table, true, &lookups, &probes).await;
+    // Nearest rows through the base's IVF_PQ index now (codes trained on
+    // the base's [0, 1) vectors place the far fresh ones roughly): both
+    // readers must rank alike, not as the model.
+    let mut model = unflushed["sql"].clone();
+    model["nearest"] = compacted["pylance"]["nearest"].clone();
+    same(&compacted["sql"], &model, "compacted, SQL");
+    same(&compacted["pylance"], &model, "compacted, pylance");
+    d.stop_ok();
+}

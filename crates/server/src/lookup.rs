@@ -1,119 +1,350 @@
 //! Primary-key lookups: the rows of given keys as of now, without reading
-//! the whole table. Unflushed rows come from the writers' snapshots (only
-//! the requested keys kept); published rows from upstream's
-//! `LsmPointLookupPlanner` over the base table and the published SSTables
-//! (newest generation first, each SSTable's primary-key index and bloom
-//! filter instead of a scan). The snapshot rules are those of
-//! [`TableHost::read_rows`] (docs/design/fresh-reads.md).
+//! the whole table, newest level first. Unflushed rows come from the
+//! writers' snapshots (only the requested keys kept); a key they hold (a
+//! row or a delete) is answered there and the published levels are not
+//! read for it. The others: the view's SSTables newest generation first,
+//! each through its bloom filter and `_pk_index` (opened once, kept while
+//! listed), then the base (a filtered scan on the key columns). The
+//! snapshot rules are those of [`TableHost::read_rows`]
+//! (docs/design/fresh-reads.md). Composite keys are looked up as tuples.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
-use arrow_schema::DataType;
+use arrow_schema::SchemaRef;
+use datafusion::arrow::compute::kernels::{boolean, cmp};
+use datafusion::logical_expr::{col, lit, Expr};
 use datafusion::scalar::ScalarValue;
-use lance::dataset::mem_wal::scanner::{LsmDataSourceCollector, LsmPointLookupPlanner};
+use futures::TryStreamExt;
+use memwal_memtable::key_codec::value_at;
+use memwal_sstable::{Lookup, SsTableReader};
 
 use crate::{ServerError, TableHost};
 
+/// SSTables opened for lookups, by shard and directory name.
+pub(crate) type OpenSsTables =
+    parking_lot::Mutex<HashMap<(memwal::ShardId, String), Arc<SsTableReader>>>;
+
+/// Keys to look up: one tuple of values per key, in primary-key order.
+pub type KeyTuples = Vec<Vec<ScalarValue>>;
+
 impl TableHost {
-    /// The live rows whose (one-column) primary key is in `keys`, as of
-    /// now: every put acknowledged before the call, the newest value per
-    /// key, deleted keys absent, missing keys absent. Keys of another type
-    /// than the key column are cast to it; a null key matches nothing.
-    /// Refused ([`ServerError::InvalidInput`]) for a table without a
-    /// one-column primary key.
+    /// The live rows whose one-column primary key is in `keys`: see
+    /// [`Self::lookup_keys`].
     pub async fn lookup_rows(&self, keys: &[ScalarValue]) -> Result<RecordBatch, ServerError> {
+        let tuples: KeyTuples = keys.iter().map(|k| vec![k.clone()]).collect();
+        self.lookup_keys(&tuples).await
+    }
+
+    /// The live rows whose primary key is one of `keys` (each a tuple in
+    /// primary-key order), as of now: every put acknowledged before the
+    /// call, the newest value per key, deleted and missing keys absent.
+    /// Values of another type than their key column are cast to it; a key
+    /// with a null value matches nothing. [`ServerError::InvalidInput`]
+    /// for a table without a primary key, or a tuple of the wrong length.
+    pub async fn lookup_keys(&self, keys: &[Vec<ScalarValue>]) -> Result<RecordBatch, ServerError> {
         let invalid = |reason: String| ServerError::InvalidInput {
             table: self.name().to_string(),
             reason,
         };
         let key_schema = self.key_schema();
-        let [key_field] = key_schema.fields().as_ref() else {
-            return Err(invalid(format!(
-                "a key lookup needs a one-column primary key; the table's is ({})",
-                key_schema
-                    .fields()
-                    .iter()
-                    .map(|f| f.name().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        };
-        let keys = cast_keys(keys, key_field.data_type())
-            .map_err(|e| invalid(format!("lookup keys for `{}`: {e}", key_field.name())))?;
+        let key_names: Vec<String> = key_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        if key_names.is_empty() {
+            return Err(invalid(
+                "a key lookup needs a primary key; the table has none".into(),
+            ));
+        }
+        let keys = cast_keys(keys, &key_schema)
+            .map_err(|e| invalid(format!("lookup keys for ({}): {e}", key_names.join(", "))))?;
         self.lookups
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "lookup")
             .increment(1);
         let schema = self.schema();
         if keys.is_empty() {
-            // Only null keys: nothing to read.
+            // Only keys with nulls: nothing to read.
             return Ok(RecordBatch::new_empty(schema));
         }
-        let (snapshots, view) = self.snapshot_and_view(None).await?;
         let failed = |what: &str, e: String| ServerError::Setup {
             table: self.name().to_string(),
             reason: format!("{what}: {e}"),
         };
-        let base_schema = Arc::new(arrow_schema::Schema::from(view.base.schema()));
-        // SSTables open through the base table's session and store (our
-        // store behind a private scheme), as `LsmScanner` does by default.
-        let mut planner = LsmPointLookupPlanner::new(
-            LsmDataSourceCollector::new(view.base.clone(), view.snapshots()),
-            vec![key_field.name().clone()],
-            base_schema,
-        )
-        .map_err(|e| failed("planning the lookup", e.to_string()))?
-        .with_session(view.base.session());
-        if let Some(params) = view.base.store_params() {
-            planner = planner.with_store_params(params.clone());
-        }
-        let published = planner
-            .lookup_many(&keys, None)
-            .await
-            .map_err(|e| failed("looking up published rows", e.to_string()))?;
-        let wanted = ScalarValue::iter_to_array(keys.iter().cloned())
-            .map_err(|e| failed("lookup keys", e.to_string()))?;
+        let wanted = key_columns(&keys, key_names.len()).map_err(|e| failed("lookup keys", e))?;
+        let snapshots = self.snapshots();
         let mut unflushed = Vec::new();
-        for s in snapshots.into_values() {
-            for b in s.batches {
-                if let Some(kept) = rows_with_keys(&b, key_field.name(), &wanted)
+        for s in snapshots.values() {
+            for b in &s.batches {
+                if let Some(kept) = rows_with_keys(b, &key_names, &wanted)
                     .map_err(|e| failed("filtering unflushed rows", e))?
                 {
                     unflushed.push(kept);
                 }
             }
         }
-        crate::read::merge(&schema, &[key_field.name().clone()], &published, &unflushed)
+        // A key with an unflushed row (or delete) is answered by it: the
+        // published levels hold only older versions of it.
+        let mut answered: HashSet<Vec<ScalarValue>> = HashSet::new();
+        for b in &unflushed {
+            answered.extend(
+                tuples_of(b, &key_names).map_err(|e| failed("filtering unflushed rows", e))?,
+            );
+        }
+        let remaining: KeyTuples = keys.into_iter().filter(|k| !answered.contains(k)).collect();
+        // Only keys no memtable answers need the published levels (and
+        // their view, read after the snapshots as every read does).
+        let published = if remaining.is_empty() {
+            RecordBatch::new_empty(schema.clone())
+        } else {
+            let view = self.view_after(&snapshots, None).await?;
+            self.lookup_published(&view, &key_names, &remaining).await?
+        };
+        crate::read::merge(&schema, &key_names, &published, &unflushed)
             .map_err(|e| failed("merging the levels", e))
+    }
+
+    /// The published rows of `keys` (in the table's schema, one per key
+    /// found, deletes left out): per key, the newest SSTable of the view
+    /// holding it (by generation, as upstream's planners order levels)
+    /// answers, through its bloom filter and `_pk_index`; keys no SSTable
+    /// holds are read from the base.
+    async fn lookup_published(
+        &self,
+        view: &memwal_compactor::TableView,
+        key_names: &[String],
+        keys: &[Vec<ScalarValue>],
+    ) -> Result<RecordBatch, ServerError> {
+        let failed = |what: &str, e: String| ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("{what}: {e}"),
+        };
+        let schema = self.schema();
+        let validator = self.shape().validator.clone();
+        let mut tables: Vec<(u64, memwal::ShardId, String)> = view
+            .shards
+            .iter()
+            .flat_map(|s| {
+                s.sstables
+                    .iter()
+                    .map(|t| (t.generation, s.shard, t.path.clone()))
+            })
+            .collect();
+        tables.sort_by_key(|t| std::cmp::Reverse(t.0));
+        self.sstables
+            .lock()
+            .retain(|(shard, path), _| tables.iter().any(|t| t.1 == *shard && t.2 == *path));
+        let wanted = key_columns(keys, key_names.len()).map_err(|e| failed("lookup keys", e))?;
+        let mut found: Vec<RecordBatch> = Vec::new();
+        let mut in_base: KeyTuples = Vec::new();
+        for (i, k) in keys.iter().enumerate() {
+            let value = wanted
+                .iter()
+                .map(|c| value_at(c.as_ref(), i))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| failed("lookup keys", format!("{k:?}: not a key type")))?;
+            let mut answered = false;
+            for (_, shard, path) in &tables {
+                let reader = self.open_sstable(*shard, path, &validator).await?;
+                match reader
+                    .get(&value)
+                    .await
+                    .map_err(|e| failed("looking up published rows", e.to_string()))?
+                {
+                    Lookup::Absent => continue,
+                    Lookup::Deleted => {}
+                    Lookup::Row(b) => found.push(stamped(&b, reader.dataset())),
+                }
+                answered = true;
+                break;
+            }
+            if !answered {
+                in_base.push(k.clone());
+            }
+        }
+        if !in_base.is_empty() {
+            found.extend(
+                base_rows(&view.base, key_names, &in_base)
+                    .await
+                    .map_err(|e| failed("looking up base rows", e))?,
+            );
+        }
+        let projected = found
+            .iter()
+            .map(|b| {
+                let columns = schema
+                    .fields()
+                    .iter()
+                    .map(|f| crate::read::column_or_nulls(b, f))
+                    .collect();
+                RecordBatch::try_new(schema.clone(), columns)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| failed("reading published rows", e.to_string()))?;
+        arrow_select::concat::concat_batches(&schema, &projected)
+            .map_err(|e| failed("reading published rows", e.to_string()))
+    }
+
+    /// SSTable `path` of `shard`, opened once.
+    async fn open_sstable(
+        &self,
+        shard: memwal::ShardId,
+        path: &str,
+        schema: &memwal_memtable::TableSchema,
+    ) -> Result<Arc<SsTableReader>, ServerError> {
+        let id = (shard, path.to_string());
+        if let Some(r) = self.sstables.lock().get(&id) {
+            return Ok(r.clone());
+        }
+        let layout = memwal_fencing::ShardLayout::new(&self.loc.root, shard);
+        let lance = memwal_sstable::LanceStore::new(self.loc.store.clone());
+        let reader = SsTableReader::open(&lance, &layout, path, schema)
+            .await
+            .map_err(|e| ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("opening SSTable {path} of shard {shard}: {e}"),
+            })?;
+        let reader = Arc::new(reader);
+        self.sstables.lock().insert(id, reader.clone());
+        Ok(reader)
     }
 }
 
-/// `keys` cast to the key column's type, nulls left out.
-fn cast_keys(keys: &[ScalarValue], to: &DataType) -> Result<Vec<ScalarValue>, String> {
-    keys.iter()
-        .filter(|k| !k.is_null())
-        .map(|k| k.cast_to(to).map_err(|e| format!("{k}: {e}")))
+/// `b` (read from `ds`) with each column's Lance field id in its metadata,
+/// so a column renamed since the SSTable was written is matched by id.
+fn stamped(b: &RecordBatch, ds: &lance::Dataset) -> RecordBatch {
+    let ids = lance::dataset::mem_wal::arrow_schema_with_field_ids(ds.schema());
+    let fields: Vec<arrow_schema::Field> = b
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match ids.field_with_name(f.name()) {
+            Ok(g) => f.as_ref().clone().with_metadata(g.metadata().clone()),
+            Err(_) => f.as_ref().clone(),
+        })
+        .collect();
+    RecordBatch::try_new(
+        Arc::new(arrow_schema::Schema::new(fields)),
+        b.columns().to_vec(),
+    )
+    .unwrap_or_else(|_| b.clone())
+}
+
+/// The base rows of `keys`: a scan filtered on the key columns (the base
+/// holds each key once).
+async fn base_rows(
+    base: &lance::Dataset,
+    key_names: &[String],
+    keys: &[Vec<ScalarValue>],
+) -> Result<Vec<RecordBatch>, String> {
+    let filter = match key_names {
+        [one] => col(one.as_str()).in_list(keys.iter().map(|k| lit(k[0].clone())).collect(), false),
+        _ => keys
+            .iter()
+            .map(|k| {
+                key_names
+                    .iter()
+                    .zip(k)
+                    .map(|(n, v)| col(n.as_str()).eq(lit(v.clone())))
+                    .reduce(Expr::and)
+                    .unwrap_or_else(|| lit(false))
+            })
+            .reduce(Expr::or)
+            .unwrap_or_else(|| lit(false)),
+    };
+    let mut scanner = base.scan();
+    scanner.filter_expr(filter);
+    scanner
+        .try_into_stream()
+        .await
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// `keys` cast to the key columns' types; tuples with a null left out.
+fn cast_keys(keys: &[Vec<ScalarValue>], key_schema: &SchemaRef) -> Result<KeyTuples, String> {
+    let fields = key_schema.fields();
+    let mut out = Vec::with_capacity(keys.len());
+    for k in keys {
+        if k.len() != fields.len() {
+            return Err(format!(
+                "a key has {} values, the primary key {} columns",
+                k.len(),
+                fields.len()
+            ));
+        }
+        if k.iter().any(ScalarValue::is_null) {
+            continue;
+        }
+        let cast = k
+            .iter()
+            .zip(fields.iter())
+            .map(|(v, f)| v.cast_to(f.data_type()).map_err(|e| format!("{v}: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        out.push(cast);
+    }
+    Ok(out)
+}
+
+/// One array per key column: column `j` holds value `j` of every tuple.
+fn key_columns(keys: &[Vec<ScalarValue>], width: usize) -> Result<Vec<ArrayRef>, String> {
+    (0..width)
+        .map(|j| {
+            ScalarValue::iter_to_array(keys.iter().map(|k| k[j].clone())).map_err(|e| e.to_string())
+        })
         .collect()
 }
 
-/// The rows of `batch` whose `key` column is one of `wanted`; `None` when
-/// there are none.
+/// The key tuples of `batch`'s rows.
+fn tuples_of(batch: &RecordBatch, key_names: &[String]) -> Result<Vec<Vec<ScalarValue>>, String> {
+    let columns = key_names
+        .iter()
+        .map(|k| {
+            batch
+                .column_by_name(k)
+                .ok_or_else(|| format!("an unflushed batch lacks the key column `{k}`"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    (0..batch.num_rows())
+        .map(|i| {
+            columns
+                .iter()
+                .map(|c| ScalarValue::try_from_array(c, i).map_err(|e| e.to_string()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The rows of `batch` whose key is one of the tuples in `wanted` (one
+/// array per key column); `None` when there are none.
 fn rows_with_keys(
     batch: &RecordBatch,
-    key: &str,
-    wanted: &ArrayRef,
+    key_names: &[String],
+    wanted: &[ArrayRef],
 ) -> Result<Option<RecordBatch>, String> {
-    let Some(column) = batch.column_by_name(key) else {
-        return Err(format!("an unflushed batch lacks the key column `{key}`"));
-    };
+    let columns = key_names
+        .iter()
+        .map(|k| {
+            batch
+                .column_by_name(k)
+                .ok_or_else(|| format!("an unflushed batch lacks the key column `{k}`"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tuples = wanted.first().map_or(0, |w| w.len());
     let mut keep = BooleanArray::from(vec![false; batch.num_rows()]);
-    for i in 0..wanted.len() {
-        let one = arrow_array::Scalar::new(wanted.slice(i, 1));
-        let hit = datafusion::arrow::compute::kernels::cmp::eq(column, &one)
-            .map_err(|e| e.to_string())?;
-        keep = datafusion::arrow::compute::kernels::boolean::or(&keep, &hit)
-            .map_err(|e| e.to_string())?;
+    for i in 0..tuples {
+        let mut hit = BooleanArray::from(vec![true; batch.num_rows()]);
+        for (column, w) in columns.iter().zip(wanted) {
+            let one = arrow_array::Scalar::new(w.slice(i, 1));
+            let eq = cmp::eq(column, &one).map_err(|e| e.to_string())?;
+            hit = boolean::and(&hit, &eq).map_err(|e| e.to_string())?;
+        }
+        keep = boolean::or(&keep, &hit).map_err(|e| e.to_string())?;
     }
     if keep.true_count() == 0 {
         return Ok(None);

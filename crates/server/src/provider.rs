@@ -1,6 +1,7 @@
 //! A served table as DataFusion sees it: read when the query runs, as a
-//! key lookup ([`TableHost::lookup_rows`]) when a filter names primary-key
-//! values (`id = 4`, `id IN (1, 2)`), else whole
+//! key lookup ([`TableHost::lookup_keys`]) when the filters name
+//! primary-key values (`id = 4`, `id IN (1, 2)`, `a = 1 AND b = 2` for a
+//! composite key), else whole
 //! ([`TableHost::read_rows`]). Filters are pushed down `Inexact`:
 //! DataFusion still applies them, so a lookup only has to return a
 //! superset of the matching rows.
@@ -17,6 +18,7 @@ use datafusion::datasource::{MemTable, TableType};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
+use crate::lookup::KeyTuples;
 use crate::TableHost;
 
 /// One served table in one query's session.
@@ -38,15 +40,50 @@ impl HostTable {
         }
     }
 
-    /// The key values `filter` restricts the table to, when it is an
-    /// equality, a (non-negated) `IN` list or an `OR` of those, of literals
-    /// on the table's one-column primary key.
-    fn keys_of(&self, filter: &Expr) -> Option<Vec<ScalarValue>> {
+    /// The key tuples `filters` restrict the table to, when they do: one
+    /// filter that is a key restriction itself ([`Self::keys_of`]), else
+    /// the filters (DataFusion splits a top-level `AND`) that restrict key
+    /// columns to literals, combined when they restrict every key column.
+    fn keys_of_filters(&self, filters: &[Expr]) -> Option<KeyTuples> {
+        if let Some(keys) = filters.iter().find_map(|f| self.keys_of(f)) {
+            return Some(keys);
+        }
+        let mut values = ColumnValues::new();
+        for f in filters {
+            if let Some(v) = self.values_of(f) {
+                values = merge_values(values, v)?;
+            }
+        }
+        self.tuples(values)
+    }
+
+    /// The key tuples `filter` restricts the table to, when it restricts
+    /// every key column to literals (`=`, a non-negated `IN` list, `AND`s
+    /// of those), or is an `OR` of such restrictions.
+    fn keys_of(&self, filter: &Expr) -> Option<KeyTuples> {
+        if let Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Or,
+            right,
+        }) = filter
+        {
+            // DataFusion rewrites a short `IN` list as `OR`ed equalities.
+            let mut keys = self.keys_of(left)?;
+            keys.extend(self.keys_of(right)?);
+            return Some(keys);
+        }
+        self.tuples(self.values_of(filter)?)
+    }
+
+    /// The literal values `filter` restricts key columns to (by key
+    /// position), when it is an equality, an `IN` list, an `OR` of those
+    /// on one column, or an `AND` of those, on key columns only.
+    fn values_of(&self, filter: &Expr) -> Option<ColumnValues> {
         let key_schema = self.host.key_schema();
-        let [key] = key_schema.fields().as_ref() else {
-            return None;
+        let position = |e: &Expr| match e {
+            Expr::Column(c) => key_schema.index_of(&c.name).ok(),
+            _ => None,
         };
-        let is_key = |e: &Expr| matches!(e, Expr::Column(c) if c.name == *key.name());
         let literal = |e: &Expr| match e {
             Expr::Literal(v, _) => Some(v.clone()),
             _ => None,
@@ -57,30 +94,87 @@ impl HostTable {
                 op: Operator::Eq,
                 right,
             }) => {
-                if is_key(left) {
-                    literal(right).map(|v| vec![v])
-                } else if is_key(right) {
-                    literal(left).map(|v| vec![v])
-                } else {
-                    None
-                }
+                let (at, v) = match (position(left), position(right)) {
+                    (Some(at), None) => (at, literal(right)?),
+                    (None, Some(at)) => (at, literal(left)?),
+                    _ => return None,
+                };
+                Some(ColumnValues::from([(at, vec![v])]))
             }
-            Expr::InList(list) if !list.negated && is_key(&list.expr) => {
-                list.list.iter().map(literal).collect()
+            Expr::InList(list) if !list.negated => {
+                let at = position(&list.expr)?;
+                let values = list.list.iter().map(literal).collect::<Option<Vec<_>>>()?;
+                Some(ColumnValues::from([(at, values)]))
             }
-            // DataFusion rewrites a short `IN` list as `OR`ed equalities.
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::And,
+                right,
+            }) => merge_values(self.values_of(left)?, self.values_of(right)?),
+            // `a IN (1, 2)`, rewritten by DataFusion as `a = 1 OR a = 2`.
             Expr::BinaryExpr(BinaryExpr {
                 left,
                 op: Operator::Or,
                 right,
             }) => {
-                let mut keys = self.keys_of(left)?;
-                keys.extend(self.keys_of(right)?);
-                Some(keys)
+                let (mut l, r) = (self.values_of(left)?, self.values_of(right)?);
+                match (l.len(), r.len()) {
+                    (1, 1) if l.keys().eq(r.keys()) => {
+                        for (at, v) in r {
+                            l.entry(at).or_default().extend(v);
+                        }
+                        Some(l)
+                    }
+                    _ => None,
+                }
             }
             _ => None,
         }
     }
+
+    /// Every combination of `values`, when they restrict every key column
+    /// (and the combinations are at most [`MAX_LOOKUP_KEYS`]).
+    fn tuples(&self, values: ColumnValues) -> Option<KeyTuples> {
+        let width = self.host.key_schema().fields().len();
+        if width == 0 || values.len() != width {
+            return None;
+        }
+        let mut tuples: KeyTuples = vec![Vec::new()];
+        for at in 0..width {
+            let column = values.get(&at)?;
+            if tuples.len() * column.len() > MAX_LOOKUP_KEYS {
+                return None;
+            }
+            tuples = tuples
+                .into_iter()
+                .flat_map(|t| {
+                    column.iter().map(move |v| {
+                        let mut t = t.clone();
+                        t.push(v.clone());
+                        t
+                    })
+                })
+                .collect();
+        }
+        Some(tuples)
+    }
+}
+
+/// Literal values per key column (by position in the primary key).
+type ColumnValues = std::collections::BTreeMap<usize, Vec<ScalarValue>>;
+
+/// A filter naming more key combinations than this reads the table whole.
+const MAX_LOOKUP_KEYS: usize = 4096;
+
+/// `a` and `b` together; `None` when both restrict one column (the
+/// filter is then left to DataFusion).
+fn merge_values(mut a: ColumnValues, b: ColumnValues) -> Option<ColumnValues> {
+    for (at, v) in b {
+        if a.insert(at, v).is_some() {
+            return None;
+        }
+    }
+    Some(a)
 }
 
 /// The bytes one query's table reads may hold, and hold so far.
@@ -128,10 +222,12 @@ impl TableProvider for HostTable {
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(|f| match self.keys_of(f) {
-                Some(_) => TableProviderFilterPushDown::Inexact,
-                None => TableProviderFilterPushDown::Unsupported,
-            })
+            .map(
+                |f| match self.keys_of(f).is_some() || self.values_of(f).is_some() {
+                    true => TableProviderFilterPushDown::Inexact,
+                    false => TableProviderFilterPushDown::Unsupported,
+                },
+            )
             .collect())
     }
 
@@ -142,8 +238,8 @@ impl TableProvider for HostTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let read = match filters.iter().find_map(|f| self.keys_of(f)) {
-            Some(keys) => self.host.lookup_rows(&keys).await,
+        let read = match self.keys_of_filters(filters) {
+            Some(keys) => self.host.lookup_keys(&keys).await,
             None => self.host.read_rows().await,
         };
         let batch = read.map_err(|e| DataFusionError::External(Box::new(e)))?;
@@ -246,6 +342,89 @@ mod tests {
         let got = run("SELECT id, v FROM t WHERE id > 17 ORDER BY id").await;
         assert_eq!(pairs(&got), [(18, "v18".into()), (19, "v19".into())]);
         assert_eq!(host.read_counts(), (2, 2));
+        host.close().await.unwrap();
+    }
+
+    // Breaks if filters restricting every column of a composite key
+    // (split by DataFusion into one filter per column, or one `OR` of
+    // `AND`s) read the table whole instead of looking the tuples up, or if
+    // filters on part of the key are taken for a lookup.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn filters_naming_every_column_of_a_composite_key_are_a_lookup() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t").to_str().unwrap().to_string();
+        let loc = memwal_store::open_store(&path).unwrap();
+        let key = |name: &str, t: DataType, at: &str| {
+            Field::new(name, t, false).with_metadata(
+                [
+                    (
+                        memwal_memtable::PRIMARY_KEY_KEY.to_string(),
+                        "true".to_string(),
+                    ),
+                    (
+                        memwal_memtable::PRIMARY_KEY_POSITION_KEY.to_string(),
+                        at.to_string(),
+                    ),
+                ]
+                .into(),
+            )
+        };
+        let schema = Arc::new(Schema::new(vec![
+            key("a", DataType::Int64, "1"),
+            key("b", DataType::Utf8, "2"),
+            Field::new("v", DataType::Utf8, true),
+        ]));
+        memwal_compactor::create_table(
+            &loc,
+            schema.clone(),
+            &memwal_compactor::TableSharding::Unsharded,
+        )
+        .await
+        .unwrap();
+        let host = Arc::new(
+            TableHost::open("t", loc, memwal::ShardWriterConfig::default())
+                .await
+                .unwrap(),
+        );
+        let batch = RecordBatch::try_new(
+            host.schema(),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 1, 2, 2])) as ArrayRef,
+                Arc::new(StringArray::from(vec!["x", "y", "x", "y"])),
+                Arc::new(StringArray::from(vec!["1x", "1y", "2x", "2y"])),
+            ],
+        )
+        .unwrap();
+        host.write(&batch, false).await.unwrap();
+        let hosts = HashMap::from([("t".to_string(), host.clone())]);
+        let run = |sql: &'static str| {
+            let hosts = hosts.clone();
+            async move {
+                let limits = crate::query::QueryLimits::default();
+                let batches = crate::query::run(&hosts, &limits, sql).await.unwrap().1;
+                let mut out = Vec::new();
+                for b in batches {
+                    let v = b.column(0).as_string::<i32>();
+                    out.extend((0..b.num_rows()).map(|i| v.value(i).to_string()));
+                }
+                out.sort();
+                out
+            }
+        };
+        assert_eq!(run("SELECT v FROM t WHERE a = 1 AND b = 'y'").await, ["1y"]);
+        assert_eq!(host.read_counts(), (0, 1), "a lookup, no whole read");
+        assert_eq!(
+            run("SELECT v FROM t WHERE (a = 1 AND b = 'x') OR (b = 'y' AND a = 2)").await,
+            ["1x", "2y"]
+        );
+        assert_eq!(host.read_counts(), (0, 2));
+        assert_eq!(
+            run("SELECT v FROM t WHERE a IN (1, 2) AND b = 'x'").await,
+            ["1x", "2x"]
+        );
+        assert_eq!(host.read_counts(), (0, 3));
+        assert_eq!(run("SELECT v FROM t WHERE a = 2").await, ["2x", "2y"]);
+        assert_eq!(host.read_counts(), (1, 3), "part of the key: read whole");
         host.close().await.unwrap();
     }
 }

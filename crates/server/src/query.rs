@@ -82,23 +82,26 @@ pub(crate) async fn plan(
     Ok(Arc::new(df.schema().as_arrow().clone()))
 }
 
-/// Runs `sql` over the tables as of now.
+/// Runs `sql` over the tables as of now, on the query runtime
+/// ([`crate::reads`]): its work never holds up ingest's runtime.
 pub(crate) async fn run(
     hosts: &Hosts,
     limits: &QueryLimits,
     sql: &str,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), Status> {
-    let work = async {
-        let ctx = context(hosts, limits)?;
+    let (hosts, limits_at, text) = (hosts.clone(), *limits, sql.to_string());
+    let work = async move {
+        let ctx = context(&hosts, &limits_at)?;
         let df = ctx
-            .sql_with_options(sql, options())
+            .sql_with_options(&text, options())
             .await
-            .map_err(|e| refused(sql, e))?;
+            .map_err(|e| refused(&text, e))?;
         let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await.map_err(|e| refused(sql, e))?;
+        let batches = df.collect().await.map_err(|e| refused(&text, e))?;
         Ok::<_, Status>((schema, batches))
     };
-    tokio::time::timeout(limits.timeout, work)
+    // Past the limit the query's task is dropped, so aborted.
+    tokio::time::timeout(limits.timeout, crate::reads::on_read_runtime(work))
         .await
         .map_err(|_| {
             Status::deadline_exceeded(format!(
@@ -106,6 +109,7 @@ pub(crate) async fn run(
                 limits.timeout
             ))
         })?
+        .map_err(Status::internal)?
 }
 
 fn options() -> SQLOptions {

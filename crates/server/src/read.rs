@@ -32,9 +32,7 @@ pub(crate) type Snapshots = HashMap<memwal::ShardId, memwal::ReadSnapshot>;
 impl TableHost {
     /// The two reads every read starts with, in this order: each held
     /// writer's snapshot (its published generation and unpublished rows),
-    /// then the published view, of which a held shard keeps only the
-    /// SSTables up to its snapshot's generation (the later ones repeat
-    /// rows of the snapshot).
+    /// then the published view ([`Self::view_after`]).
     ///
     /// `index`: read for a search served by that index, whose view keeps
     /// the SSTables above the index's catch-up generation (`None`: above
@@ -43,6 +41,14 @@ impl TableHost {
         &self,
         index: Option<&str>,
     ) -> Result<(Snapshots, memwal_compactor::TableView), ServerError> {
+        let snapshots = self.snapshots();
+        let view = self.view_after(&snapshots, index).await?;
+        Ok((snapshots, view))
+    }
+
+    /// Each held writer's snapshot (its published generation and
+    /// unpublished rows), taken now.
+    pub(crate) fn snapshots(&self) -> Snapshots {
         let mut snapshots = HashMap::new();
         for w in self.live_writers() {
             // A writer that stopped meanwhile: its acknowledged rows are in
@@ -51,6 +57,18 @@ impl TableHost {
                 snapshots.insert(s.shard, s);
             }
         }
+        snapshots
+    }
+
+    /// The published view, read after `snapshots` were taken, of which a
+    /// held shard keeps only the SSTables up to its snapshot's generation
+    /// (the later ones repeat rows of the snapshot). See `index` at
+    /// [`Self::snapshot_and_view`].
+    pub(crate) async fn view_after(
+        &self,
+        snapshots: &Snapshots,
+        index: Option<&str>,
+    ) -> Result<memwal_compactor::TableView, ServerError> {
         // Tests widen this window (`sleep`) to prove the order holds.
         memwal_store::crash_point("server::read_after_snapshots");
         let mut view =
@@ -67,7 +85,7 @@ impl TableHost {
                     .retain(|t| t.generation <= s.published_generation);
             }
         }
-        Ok((snapshots, view))
+        Ok(view)
     }
 
     /// Every live row of the table, read as described in the module docs.
@@ -99,22 +117,32 @@ impl TableHost {
             }
             return append_only(self, &view, &unflushed).await.map_err(setup);
         }
-        let published = lance::dataset::mem_wal::LsmScanner::new(
+        // Upstream's scanner merges every level, the unflushed rows as
+        // in-memory memtables above the published generations.
+        let mut scanner = lance::dataset::mem_wal::LsmScanner::new(
             view.base.clone(),
             view.snapshots(),
             keys.clone(),
-        )
-        .try_into_batch()
-        .await
-        .map_err(|e| ServerError::Setup {
-            table: self.name().to_string(),
-            reason: format!("scanning the published view: {e}"),
-        })?;
-        let mut unflushed = Vec::new();
-        for s in snapshots.into_values() {
-            unflushed.extend(s.batches);
+        );
+        for s in snapshots.values() {
+            if let Some(m) = crate::memtables::in_memory(s, &keys, &[]).map_err(failed)? {
+                scanner = scanner.with_in_memory_memtables(s.shard.uuid(), m);
+            }
         }
-        merge(&self.schema(), &keys, &published, &unflushed).map_err(failed)
+        let rows = scanner
+            .try_into_batch()
+            .await
+            .map_err(|e| ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("scanning the table: {e}"),
+            })?;
+        let schema = self.schema();
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| column_or_nulls(&rows, f))
+            .collect();
+        RecordBatch::try_new(schema, columns).map_err(|e| failed(e.to_string()))
     }
 }
 
@@ -204,7 +232,7 @@ pub(crate) fn merge(
 /// both carry one (a column renamed since `b` was taken keeps its
 /// values), else by name; nulls where `b` predates the column (a
 /// generation taken before it was added).
-fn column_or_nulls(b: &RecordBatch, f: &Field) -> ArrayRef {
+pub(crate) fn column_or_nulls(b: &RecordBatch, f: &Field) -> ArrayRef {
     let schema = b.schema();
     let by_id = field_id(f).and_then(|want| {
         schema

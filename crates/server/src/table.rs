@@ -137,6 +137,9 @@ pub struct TableHost {
     /// ([`Self::lookup_rows`]) served.
     pub(crate) scans: std::sync::atomic::AtomicU64,
     pub(crate) lookups: std::sync::atomic::AtomicU64,
+    /// Published SSTables opened for key lookups (`lookup.rs`), kept while
+    /// the view lists them: an SSTable never changes.
+    pub(crate) sstables: crate::lookup::OpenSsTables,
 }
 
 /// `flush` actions start at most this often per table, by default
@@ -292,6 +295,7 @@ impl TableHost {
             shard_limits: Default::default(),
             scans: Default::default(),
             lookups: Default::default(),
+            sstables: Default::default(),
         };
         host.open_existing().await?;
         Ok(host)
