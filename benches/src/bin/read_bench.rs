@@ -698,7 +698,7 @@ async fn vector_search(a: &Args) -> Result<(), String> {
             .to_vec();
         let t = Instant::now();
         let got = host
-            .nearest("vec", &query, 10)
+            .nearest("vec", &query, 10, None)
             .await
             .map_err(|e| e.to_string())?;
         ours.push(ms(t.elapsed()));

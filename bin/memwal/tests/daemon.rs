@@ -789,8 +789,9 @@ async fn memwal_query_reads_back_acked_rows() {
 mod schema;
 
 // Breaks if a query past its memory budget or time limit does not end
-// with RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED naming the limit, or if the
-// daemon stops answering queries after one did.
+// with RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED naming the limit, if a
+// result is not streamed (rows reach the client before the query ends),
+// or if the daemon stops answering queries after one did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queries_past_their_limits_get_a_clear_status_and_the_daemon_serves_on() {
     let dir = tempfile::tempdir().unwrap();
@@ -835,6 +836,36 @@ async fn queries_past_their_limits_get_a_clear_status_and_the_daemon_serves_on()
         // tonic's text of DEADLINE_EXCEEDED, then ours.
         !ok && err.contains("Deadline expired") && err.contains("500ms limit"),
         "{out}{err}"
+    );
+    // Results are streamed: rows of a query running past its limit reach
+    // the client before the limit ends it (a result collected whole first
+    // would send none).
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", d.flight))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut sql = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+    let info = sql
+        .execute(
+            "SELECT value FROM generate_series(1, 1000000000000)".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut rows = sql.do_get(ticket).await.unwrap();
+    let mut received = 0;
+    let ended = loop {
+        match rows.next().await {
+            Some(Ok(b)) => received += b.num_rows(),
+            Some(Err(e)) => break e.to_string(),
+            None => panic!("a 10^12-row result ended after {received} rows"),
+        }
+    };
+    assert!(
+        received > 0 && ended.contains("500ms limit"),
+        "{received} rows, then {ended}"
     );
     let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", one]);
     assert!(ok && out.trim() == r#"{"id":7}"#, "{out}{err}");

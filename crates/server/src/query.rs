@@ -26,6 +26,7 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionConfig, SessionContext};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::SessionStateBuilder;
+use futures::StreamExt;
 use tonic::Status;
 
 use crate::TableHost;
@@ -82,34 +83,127 @@ pub(crate) async fn plan(
     Ok(Arc::new(df.schema().as_arrow().clone()))
 }
 
-/// Runs `sql` over the tables as of now, on the query runtime
-/// ([`crate::reads`]): its work never holds up ingest's runtime.
+/// The rows of `sql` over the tables as of now, all of them (see
+/// [`stream`]).
+#[cfg(test)]
 pub(crate) async fn run(
     hosts: &Hosts,
     limits: &QueryLimits,
     sql: &str,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), Status> {
-    let (hosts, limits_at, text) = (hosts.clone(), *limits, sql.to_string());
-    let work = async move {
-        let ctx = context(&hosts, &limits_at)?;
-        let df = ctx
-            .sql_with_options(&text, options())
-            .await
-            .map_err(|e| refused(&text, e))?;
-        let schema = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await.map_err(|e| refused(&text, e))?;
-        Ok::<_, Status>((schema, batches))
+    use futures::TryStreamExt;
+    let (schema, batches) = stream(hosts, limits, sql).await?;
+    Ok((schema, batches.try_collect().await?))
+}
+
+/// Batches of a query's result, as they are produced.
+pub(crate) type RowStream = futures::stream::BoxStream<'static, Result<RecordBatch, Status>>;
+
+/// Runs `sql` over the tables as of now on the query runtime
+/// ([`crate::reads`]: its work never holds up ingest's runtime) and
+/// streams its rows: its schema once planned, then each batch as an
+/// operator produces it, at most two batches ahead of the reader. Past the
+/// time limit (planning, running, or waiting for a slow reader) the stream
+/// ends with `DEADLINE_EXCEEDED`; a reader that stops reading (a client
+/// gone) stops the query.
+pub(crate) async fn stream(
+    hosts: &Hosts,
+    limits: &QueryLimits,
+    sql: &str,
+) -> Result<(SchemaRef, RowStream), Status> {
+    let deadline = tokio::time::Instant::now() + limits.timeout;
+    let late = {
+        let (timeout, sql) = (limits.timeout, sql.to_string());
+        move || Status::deadline_exceeded(format!("query ran past its {timeout:?} limit: {sql}"))
     };
-    // Past the limit the query's task is dropped, so aborted.
-    tokio::time::timeout(limits.timeout, crate::reads::on_read_runtime(work))
-        .await
-        .map_err(|_| {
-            Status::deadline_exceeded(format!(
-                "query ran past its {:?} limit: {sql}",
-                limits.timeout
-            ))
-        })?
-        .map_err(Status::internal)?
+    let (hosts, limits_at, text) = (hosts.clone(), *limits, sql.to_string());
+    let (planned_tx, planned_rx) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+    // How the query's task ended: `Ok` only once every batch is sent. The
+    // reader checks it when the batches stop, so a query cut short (its
+    // limit, a failure) never reads as a complete result.
+    let outcome: Arc<parking_lot::Mutex<Option<Result<(), Status>>>> = Default::default();
+    let ended = outcome.clone();
+    let expired = late.clone();
+    let work = async move {
+        let planned = async {
+            let ctx = context(&hosts, &limits_at)?;
+            let df = ctx
+                .sql_with_options(&text, options())
+                .await
+                .map_err(|e| refused(&text, e))?;
+            let schema = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.execute_stream().await.map_err(|e| refused(&text, e))?;
+            Ok::<_, Status>((schema, batches))
+        };
+        let planned = tokio::select! {
+            p = planned => p,
+            () = tokio::time::sleep_until(deadline) => Err(expired()),
+        };
+        let mut batches = match planned {
+            Ok((schema, batches)) => {
+                if planned_tx.send(Ok(schema)).is_err() {
+                    return;
+                }
+                batches
+            }
+            Err(e) => {
+                let _ = planned_tx.send(Err(e));
+                return;
+            }
+        };
+        let result = loop {
+            let next = tokio::select! {
+                next = batches.next() => next,
+                () = tokio::time::sleep_until(deadline) => break Err(expired()),
+                () = tx.closed() => break Ok(()),
+            };
+            let batch = match next {
+                None => break Ok(()),
+                Some(Err(e)) => break Err(refused(&text, e)),
+                Some(Ok(batch)) => batch,
+            };
+            tokio::select! {
+                sent = tx.send(batch) => if sent.is_err() { break Ok(()) },
+                () = tokio::time::sleep_until(deadline) => break Err(expired()),
+            }
+        };
+        *ended.lock() = Some(result);
+    };
+    crate::reads::spawn(work).map_err(Status::internal)?;
+    let schema = match tokio::time::timeout_at(deadline, planned_rx).await {
+        Err(_) => return Err(late()),
+        Ok(Err(_)) => return Err(Status::internal("the query's task ended before planning")),
+        Ok(Ok(planned)) => planned?,
+    };
+    Ok((schema, rows_of(rx, outcome)))
+}
+
+/// The batches `rx` receives, then the query's end: nothing more when it
+/// finished, its error otherwise.
+fn rows_of(
+    rx: tokio::sync::mpsc::Receiver<RecordBatch>,
+    outcome: Arc<parking_lot::Mutex<Option<Result<(), Status>>>>,
+) -> RowStream {
+    futures::stream::unfold(Some(rx), move |rx| {
+        let outcome = outcome.clone();
+        async move {
+            let mut rx = rx?;
+            match rx.recv().await {
+                Some(batch) => Some((Ok(batch), Some(rx))),
+                // The sender is gone: the task has recorded how it ended.
+                None => match outcome.lock().take() {
+                    Some(Ok(())) => None,
+                    Some(Err(e)) => Some((Err(e), None)),
+                    None => Some((
+                        Err(Status::internal("the query stopped before it finished")),
+                        None,
+                    )),
+                },
+            }
+        }
+    })
+    .boxed()
 }
 
 fn options() -> SQLOptions {

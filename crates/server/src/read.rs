@@ -88,6 +88,44 @@ impl TableHost {
         Ok(view)
     }
 
+    /// The live rows as of now (as [`Self::read_rows`] reads them) that
+    /// match `filter` (a DataFusion expression over the table's columns;
+    /// `None`: every row), with only `columns` (`None`: all, in table
+    /// order), at most `limit` of them. [`ServerError::InvalidInput`] names
+    /// a filter or a column that does not fit the table.
+    pub async fn scan(
+        &self,
+        filter: Option<datafusion::logical_expr::Expr>,
+        columns: Option<&[&str]>,
+        limit: Option<usize>,
+    ) -> Result<RecordBatch, ServerError> {
+        let invalid = |e: datafusion::error::DataFusionError| ServerError::InvalidInput {
+            table: self.name().to_string(),
+            reason: format!("scan: {e}"),
+        };
+        let rows = self.read_rows().await?;
+        let ctx = datafusion::prelude::SessionContext::new();
+        let mut df = ctx.read_batch(rows).map_err(invalid)?;
+        if let Some(f) = filter {
+            df = df.filter(f).map_err(invalid)?;
+        }
+        if let Some(c) = columns {
+            df = df.select_columns(c).map_err(invalid)?;
+        }
+        if let Some(n) = limit {
+            df = df.limit(0, Some(n)).map_err(invalid)?;
+        }
+        let schema = Arc::new(df.schema().as_arrow().clone());
+        let batches = df.collect().await.map_err(|e| ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("scan: {e}"),
+        })?;
+        arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("scan: {e}"),
+        })
+    }
+
     /// Every live row of the table, read as described in the module docs.
     /// An append-only table (no primary key) is every row of every level.
     pub async fn read_rows(&self) -> Result<RecordBatch, ServerError> {

@@ -21,6 +21,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
 use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt32Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use datafusion::logical_expr::{Expr, ExprSchemable};
 use lance::dataset::mem_wal::LsmScanner;
 use lance_index::scalar::FullTextSearchQuery;
 use memwal_sstable::{DistanceType, IndexKind, IndexSpec};
@@ -41,18 +42,22 @@ pub(crate) fn result_schema(table: &SchemaRef, extra: &str) -> SchemaRef {
 }
 
 impl TableHost {
-    /// The `k` live rows whose `column` is nearest to `vector`, nearest
+    /// The `k` live rows matching `filter` (a DataFusion expression over
+    /// the table's columns, applied before the search: a prefilter;
+    /// `None`: every row) whose `column` is nearest to `vector`, nearest
     /// first, each with its [`DISTANCE_COLUMN`]; every put acknowledged
     /// before the call is searched. Served by the column's maintained
     /// vector index where it has one (approximate, in that index's
     /// metric), else exact (squared L2 over every live row).
     /// [`ServerError::InvalidInput`] names a missing column, a column that
-    /// is not a `FixedSizeList<Float32>` of `vector`'s length, or `k` 0.
+    /// is not a `FixedSizeList<Float32>` of `vector`'s length, `k` 0, or a
+    /// filter that does not fit the table.
     pub async fn nearest(
         &self,
         column: &str,
         vector: &[f32],
         k: usize,
+        filter: Option<Expr>,
     ) -> Result<RecordBatch, ServerError> {
         let invalid = |reason: String| ServerError::InvalidInput {
             table: self.name().to_string(),
@@ -78,17 +83,26 @@ impl TableHost {
                 vector.len()
             )));
         }
+        if let Some(f) = &filter {
+            let df_schema = datafusion::common::DFSchema::try_from(schema.as_ref().clone())
+                .map_err(|e| invalid(e.to_string()))?;
+            f.get_type(&df_schema)
+                .map_err(|e| invalid(format!("vector search filter: {e}")))?;
+        }
         self.count_read("vector");
         let out = result_schema(&schema, DISTANCE_COLUMN);
         let Some(spec) = self.maintained_index(column, "vector").await? else {
-            let rows = self.read_rows().await?;
+            let rows = self.scan(filter, None, None).await?;
             return exact_nearest(&rows, column, vector, k, &out).map_err(invalid);
         };
         let IndexKind::Vector(v) = &spec.kind else {
             return Err(invalid(format!("`{}` is not a vector index", spec.name)));
         };
         let distance: DistanceType = v.distance;
-        let scanner = self.lsm_scanner(&spec).await?;
+        let mut scanner = self.lsm_scanner(&spec).await?;
+        if let Some(f) = filter {
+            scanner = scanner.filter_expr(f);
+        }
         let scanner = scanner
             .nearest(column, &Float32Array::from(vector.to_vec()), k)
             .map_err(|e| invalid(format!("vector search: {e}")))?

@@ -152,7 +152,7 @@ pub(crate) async fn do_get(
                 .into_builder(sql_info())
                 .build()
                 .map_err(|e| Status::internal(e.to_string()))?;
-            (batch.schema(), vec![batch])
+            (batch.schema(), one(batch))
         }
         Command::CommandGetTables(get) => {
             let mut b = get.clone().into_builder();
@@ -169,18 +169,24 @@ pub(crate) async fn do_get(
                 .map_err(|e| Status::internal(e.to_string()))?;
             }
             let batch = b.build().map_err(|e| Status::internal(e.to_string()))?;
-            (batch.schema(), vec![batch])
+            (batch.schema(), one(batch))
         }
         other => match query_text(other) {
-            Some(sql) => crate::query::run(tables, limits, &sql?).await?,
+            // Streamed as the query produces it.
+            Some(sql) => crate::query::stream(tables, limits, &sql?).await?,
             None => return Err(unsupported(other)),
         },
     };
     let stream = FlightDataEncoderBuilder::new()
         .with_schema(schema)
-        .build(futures::stream::iter(batches.into_iter().map(Ok)))
+        .build(batches.map_err(|s| arrow_flight::error::FlightError::Tonic(Box::new(s))))
         .map_err(Status::from);
     Ok(stream.boxed())
+}
+
+/// One batch as a result stream.
+fn one(batch: arrow_array::RecordBatch) -> crate::query::RowStream {
+    futures::stream::iter([Ok(batch)]).boxed()
 }
 
 /// The Flight SQL actions memwal answers (prepared statements), by type;

@@ -159,7 +159,9 @@ impl TableProvider for Search {
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let found = match &self.request {
-            Request::Nearest { column, vector, k } => self.host.nearest(column, vector, *k).await,
+            Request::Nearest { column, vector, k } => {
+                self.host.nearest(column, vector, *k, None).await
+            }
             Request::FullText {
                 column,
                 query,

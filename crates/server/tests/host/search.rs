@@ -152,7 +152,7 @@ async fn check(host: &TableHost, model: &BTreeMap<i64, &str>, stage: &str) {
     for (&id, &tag) in model.iter().step_by(7) {
         let probe = vector(id, tag);
         for column in ["vec", "raw"] {
-            let found = host.nearest(column, &probe, 10).await.unwrap();
+            let found = host.nearest(column, &probe, 10, None).await.unwrap();
             let got = hits(&found, column);
             assert_eq!(got[0].0, id, "{stage}: {column} search for {id}: {got:?}");
             // Exact on the unindexed column; through an index the distance
@@ -170,6 +170,23 @@ async fn check(host: &TableHost, model: &BTreeMap<i64, &str>, stage: &str) {
                         panic!("{stage}: deleted {hit} returned by {column} search")
                     });
                     assert_eq!(v, &vector(*hit, live), "{stage}: stale version of {hit}");
+                }
+            }
+        }
+        // A prefilter leaving the probe's own row out: the 10 nearest of
+        // the others, none of them stale or deleted.
+        for column in ["vec", "raw"] {
+            let others = datafusion::prelude::col("id").not_eq(datafusion::prelude::lit(id));
+            let found = host
+                .nearest(column, &probe, 10, Some(others))
+                .await
+                .unwrap();
+            let got = hits(&found, column);
+            assert_eq!(got.len(), 10, "{stage}: filtered {column} search");
+            for (hit, v) in &got {
+                assert_ne!(*hit, id, "{stage}: the filter let {id} through");
+                if *hit >= FRESH {
+                    assert_eq!(Some(v), model.get(hit).map(|t| vector(*hit, t)).as_ref());
                 }
             }
         }
@@ -272,10 +289,24 @@ async fn bad_searches_are_invalid_input_naming_the_problem() {
         }
         other => panic!("expected InvalidInput naming {want}, got {other:?}"),
     };
-    invalid(host.nearest("nope", &[0.0; 8], 3).await, "`nope`");
-    invalid(host.nearest("txt", &[0.0; 8], 3).await, "not a vector");
-    invalid(host.nearest("vec", &[0.0; 3], 3).await, "3 values");
-    invalid(host.nearest("vec", &[0.0; 8], 0).await, "k > 0");
+    invalid(host.nearest("nope", &[0.0; 8], 3, None).await, "`nope`");
+    invalid(
+        host.nearest("txt", &[0.0; 8], 3, None).await,
+        "not a vector",
+    );
+    invalid(host.nearest("vec", &[0.0; 3], 3, None).await, "3 values");
+    invalid(host.nearest("vec", &[0.0; 8], 0, None).await, "k > 0");
+    let unknown = Some(datafusion::prelude::col("nope").eq(datafusion::prelude::lit(1)));
+    invalid(
+        host.nearest("vec", &[0.0; 8], 3, unknown.clone()).await,
+        "nope",
+    );
+    invalid(
+        host.nearest("raw", &[0.0; 8], 3, unknown.clone()).await,
+        "nope",
+    );
+    invalid(host.scan(unknown, None, None).await, "nope");
+    invalid(host.scan(None, Some(&["nope"]), None).await, "nope");
     invalid(host.full_text("raw", "x", None).await, "INVERTED");
     invalid(host.full_text("nope", "x", None).await, "`nope`");
     host.close().await.unwrap();
