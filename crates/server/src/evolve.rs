@@ -28,6 +28,29 @@ impl TableHost {
     /// its slot (a terminal writer is reopened, on the new schema).
     pub async fn evolve(&self) -> Result<bool, ServerError> {
         let _one = self.evolving.lock().await;
+        self.evolve_locked().await
+    }
+
+    /// Moves `w`, just opened and live, onto the schema this host serves
+    /// when they differ: a schema change followed while `w` opened missed
+    /// it (it was not live yet), and a writer behind the host's check
+    /// would refuse both schemas. Under [`Self::evolve`]'s lock, so the
+    /// host's schema cannot move meanwhile; a difference runs a whole
+    /// `evolve` (forward only: everything moves to the base's latest). A
+    /// failure is logged; the next poll retries.
+    pub(crate) async fn catch_up_schema(&self, w: &memwal::ShardWriter) {
+        let _one = self.evolving.lock().await;
+        let serving = self.shape().validator.storage_schema().fields().clone();
+        if w.schema().storage_schema().fields() == &serving {
+            return;
+        }
+        if let Err(e) = self.evolve_locked().await {
+            tracing::warn!(table = %self.name(), shard = %w.shard(), error = %e, "a shard opened during a schema change could not follow it");
+        }
+    }
+
+    /// [`Self::evolve`], its lock held.
+    async fn evolve_locked(&self) -> Result<bool, ServerError> {
         let lance = LanceStore::new(self.loc.store.clone());
         let base =
             BaseTable::load(&lance, &self.loc.root)

@@ -217,3 +217,62 @@ async fn a_renamed_column_keeps_its_values_in_reads_and_compaction() {
     assert_eq!(stored, want, "compacted");
     host.close().await.unwrap();
 }
+
+// Breaks if a shard that opened on the old schema while the host followed
+// a new one (opened, not yet live, so `evolve` did not move it) stays on
+// the old schema: the host then sends it puts in the new schema, and it
+// refuses those of both schemas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_opening_during_a_schema_change_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = Arc::new(
+        TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+            .await
+            .unwrap(),
+    );
+    // Hold the first shard to open between its open and going live.
+    let (arrived_tx, arrived_rx) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let (arrived_tx, go_rx) = (
+        std::sync::Mutex::new(Some(arrived_tx)),
+        std::sync::Mutex::new(Some(go_rx)),
+    );
+    fail::cfg_callback("server::shard_opened", move || {
+        if let (Some(arrived), Some(go)) = (
+            arrived_tx.lock().unwrap().take(),
+            go_rx.lock().unwrap().take(),
+        ) {
+            arrived.send(()).unwrap();
+            go.recv().unwrap();
+        }
+    })
+    .unwrap();
+    let opening = {
+        let host = host.clone();
+        tokio::spawn(async move { host.write(&tagged(&[1], "a"), false).await })
+    };
+    tokio::task::spawn_blocking(move || arrived_rx.recv().unwrap())
+        .await
+        .unwrap();
+    let path = dir.path().join("t");
+    let mut ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
+    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
+    ds.add_columns(
+        lance::dataset::NewColumnTransform::AllNulls(extra),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(host.evolve().await.unwrap(), "the host follows the change");
+    go_tx.send(()).unwrap();
+    opening.await.unwrap().unwrap();
+    fail::remove("server::shard_opened");
+    // The shard of id 1 takes both schemas.
+    host.write(&tagged(&[1], "b"), false).await.unwrap();
+    host.write(&with_extra(&[1], "c"), false).await.unwrap();
+    let got = rows_of(&[host.read_rows().await.unwrap()]);
+    assert_eq!(got[&1], (Some("c1".into()), Some("x1".into())));
+    host.close().await.unwrap();
+}
