@@ -3,12 +3,17 @@
 //! one merge by primary key and one set of rules for every level (a newer
 //! generation wins, tombstones hide rows).
 //!
-//! Built per search from a [`memwal::ReadSnapshot`]: the rows are shared
-//! (no copy), the primary-key index and any full-text index are built over
-//! them. Vector search over these memtables is exact (upstream's
-//! brute-force arm, used when a memtable has no graph); full-text search
-//! goes through an in-memory inverted index with the base index's tokenizer.
+//! Built from a [`memwal::ReadSnapshot`]: the rows are shared (no copy);
+//! the primary-key index and any full-text index are built over them. The
+//! memtables built for a shard are kept ([`Memtables`]) and extended by the
+//! next read with the batches put since, so a read indexes only new rows:
+//! a snapshot's batches only grow at the end until a generation is
+//! published (then they are built again). Vector search over these
+//! memtables is exact (upstream's brute-force arm, used when a memtable
+//! has no graph); full-text search goes through an in-memory inverted
+//! index with the base index's tokenizer.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -19,45 +24,140 @@ use memwal_sstable::{IndexKind, IndexSpec};
 
 use crate::read::field_id;
 
-/// `snapshot`'s rows as memtables above its published generation: one per
-/// run of batches of one schema (a schema change froze the memtable
-/// before it), oldest first, the last one active. `keys` are the table's
-/// primary-key columns (empty: append-only); `full_text` the inverted
-/// indexes to build over them. `None` when the snapshot holds no rows.
-pub(crate) fn in_memory(
-    snapshot: &memwal::ReadSnapshot,
-    keys: &[String],
-    full_text: &[&IndexSpec],
-) -> Result<Option<InMemoryMemTables>, String> {
-    let mut runs: Vec<Vec<&RecordBatch>> = Vec::new();
-    for b in snapshot.batches.iter().filter(|b| b.num_rows() > 0) {
-        match runs.last_mut() {
-            Some(run) if run[0].schema() == b.schema() => run.push(b),
-            _ => runs.push(vec![b]),
-        }
-    }
-    let mut tables = Vec::with_capacity(runs.len());
-    for (i, run) in runs.iter().enumerate() {
-        let generation = snapshot.published_generation + 1 + i as u64;
-        tables.push(memtable(run, generation, keys, full_text)?);
-    }
-    let Some(active) = tables.pop() else {
-        return Ok(None);
-    };
-    Ok(Some(InMemoryMemTables {
-        active,
-        frozen: tables,
-    }))
+/// Batches a memtable built here has room for (more start a new one, a
+/// newer generation).
+const CAPACITY: usize = 4096;
+
+/// The memtables last built per shard (and per set of full-text indexes).
+#[derive(Default)]
+pub(crate) struct Memtables {
+    built: parking_lot::Mutex<HashMap<(memwal::ShardId, Vec<String>), Built>>,
 }
 
-/// One memtable over `batches` (all of one schema).
+/// Memtables built over a prefix of a shard's snapshot.
+struct Built {
+    published: u64,
+    /// The snapshot batches they hold, in order.
+    batches: Vec<RecordBatch>,
+    tables: Vec<InMemoryMemTableRef>,
+}
+
+impl Memtables {
+    /// Forgets the memtables of shards not in `live` (closed, or no
+    /// longer held): their rows are published or in another writer.
+    pub(crate) fn keep_only(&self, live: &std::collections::HashSet<memwal::ShardId>) {
+        self.built
+            .lock()
+            .retain(|(shard, _), _| live.contains(shard));
+    }
+
+    /// `snapshot`'s rows as memtables above its published generation: one
+    /// per run of batches of one schema (a schema change froze the memtable
+    /// before it), oldest first, the last one active. `keys` are the
+    /// table's primary-key columns (empty: append-only); `full_text` the
+    /// inverted indexes to build over them. `None` when the snapshot holds
+    /// no rows.
+    pub(crate) fn of(
+        &self,
+        snapshot: &memwal::ReadSnapshot,
+        keys: &[String],
+        full_text: &[&IndexSpec],
+    ) -> Result<Option<InMemoryMemTables>, String> {
+        let rows: Vec<&RecordBatch> = snapshot
+            .batches
+            .iter()
+            .filter(|b| b.num_rows() > 0)
+            .collect();
+        let id = (
+            snapshot.shard,
+            full_text.iter().map(|s| s.name.clone()).collect(),
+        );
+        let mut built = self.built.lock();
+        let reusable = built.get(&id).is_some_and(|b| {
+            b.published == snapshot.published_generation
+                && b.batches.len() <= rows.len()
+                && b.batches.iter().zip(&rows).all(|(x, y)| same(x, y))
+        });
+        if !reusable {
+            built.insert(
+                id.clone(),
+                Built {
+                    published: snapshot.published_generation,
+                    batches: Vec::new(),
+                    tables: Vec::new(),
+                },
+            );
+        }
+        let entry = built
+            .get_mut(&id)
+            .ok_or_else(|| "the memtable cache lost an entry".to_string())?;
+        for b in &rows[entry.batches.len()..] {
+            append(entry, b, snapshot.published_generation, keys, full_text)?;
+        }
+        let mut tables = entry.tables.clone();
+        let Some(active) = tables.pop() else {
+            return Ok(None);
+        };
+        Ok(Some(InMemoryMemTables {
+            active,
+            frozen: tables,
+        }))
+    }
+}
+
+/// The same batch of a writer's memtable (shared, never copied).
+fn same(a: &RecordBatch, b: &RecordBatch) -> bool {
+    a.num_rows() == b.num_rows()
+        && a.num_columns() == b.num_columns()
+        && a.num_columns() > 0
+        && Arc::ptr_eq(a.column(0), b.column(0))
+}
+
+/// Adds `batch` to the last memtable of `entry`, or to a new one (the
+/// next generation) when the schema changed or the last one is full.
+fn append(
+    entry: &mut Built,
+    batch: &RecordBatch,
+    published: u64,
+    keys: &[String],
+    full_text: &[&IndexSpec],
+) -> Result<(), String> {
+    let fits = entry
+        .tables
+        .last()
+        .is_some_and(|t| t.schema == batch.schema() && !t.batch_store.is_full());
+    if !fits {
+        let generation = entry
+            .tables
+            .last()
+            .map_or(published + 1, |t| t.generation + 1);
+        entry
+            .tables
+            .push(memtable(&batch.schema(), generation, keys, full_text)?);
+    }
+    let table = entry
+        .tables
+        .last()
+        .ok_or_else(|| "no memtable to add rows to".to_string())?;
+    let (_, row_offset, position) = table
+        .batch_store
+        .append(batch.clone())
+        .map_err(|e| format!("buffering unflushed rows: {e}"))?;
+    table
+        .index_store
+        .insert_with_batch_position(batch, row_offset, Some(position))
+        .map_err(|e| format!("indexing unflushed rows: {e}"))?;
+    entry.batches.push(batch.clone());
+    Ok(())
+}
+
+/// An empty memtable of `schema` with its indexes.
 fn memtable(
-    batches: &[&RecordBatch],
+    schema: &SchemaRef,
     generation: u64,
     keys: &[String],
     full_text: &[&IndexSpec],
 ) -> Result<InMemoryMemTableRef, String> {
-    let schema: SchemaRef = batches[0].schema();
     // A column is found by field id (a rename since these rows were
     // written keeps them), then by name.
     let stored = |name: &str, id: Option<i32>| -> Option<(String, i32)> {
@@ -93,19 +193,10 @@ fn memtable(
     if !key_columns.is_empty() {
         indexes.enable_pk_index(&key_columns);
     }
-    let store = Arc::new(BatchStore::with_capacity(batches.len()));
-    for b in batches {
-        let (_, row_offset, position) = store
-            .append((*b).clone())
-            .map_err(|e| format!("buffering unflushed rows: {e}"))?;
-        indexes
-            .insert_with_batch_position(b, row_offset, Some(position))
-            .map_err(|e| format!("indexing unflushed rows: {e}"))?;
-    }
     Ok(InMemoryMemTableRef {
-        batch_store: store,
+        batch_store: Arc::new(BatchStore::with_capacity(CAPACITY)),
         index_store: Arc::new(indexes),
-        schema,
+        schema: schema.clone(),
         generation,
     })
 }

@@ -162,8 +162,10 @@ impl TableHost {
             view.snapshots(),
             keys.clone(),
         );
+        self.memtables
+            .keep_only(&snapshots.keys().copied().collect());
         for s in snapshots.values() {
-            if let Some(m) = crate::memtables::in_memory(s, &keys, &[]).map_err(failed)? {
+            if let Some(m) = self.memtables.of(s, &keys, &[]).map_err(failed)? {
                 scanner = scanner.with_in_memory_memtables(s.shard.uuid(), m);
             }
         }

@@ -211,7 +211,9 @@ impl TableHost {
         };
         let mut scanner = LsmScanner::new(view.base.clone(), view.snapshots(), keys.clone());
         for s in snapshots.values() {
-            let memtables = crate::memtables::in_memory(s, &keys, &full_text)
+            let memtables = self
+                .memtables
+                .of(s, &keys, &full_text)
                 .map_err(|e| self.failed("reading unflushed rows", e))?;
             if let Some(m) = memtables {
                 scanner = scanner.with_in_memory_memtables(s.shard.uuid(), m);

@@ -140,6 +140,9 @@ pub struct TableHost {
     /// Published SSTables opened for key lookups (`lookup.rs`), kept while
     /// the view lists them: an SSTable never changes.
     pub(crate) sstables: crate::lookup::OpenSsTables,
+    /// The held writers' unflushed rows as upstream memtables, kept and
+    /// extended read by read (`memtables.rs`).
+    pub(crate) memtables: crate::memtables::Memtables,
 }
 
 /// `flush` actions start at most this often per table, by default
@@ -296,6 +299,7 @@ impl TableHost {
             scans: Default::default(),
             lookups: Default::default(),
             sstables: Default::default(),
+            memtables: Default::default(),
         };
         host.open_existing().await?;
         Ok(host)
