@@ -129,9 +129,9 @@ impl TableHost {
     /// Every live row of the table, read as described in the module docs.
     /// An append-only table (no primary key) is every row of every level.
     pub async fn read_rows(&self) -> Result<RecordBatch, ServerError> {
-        let failed = |reason: String| ServerError::InvalidInput {
+        let failed = |reason: String| ServerError::Setup {
             table: self.name().to_string(),
-            reason,
+            reason: format!("reading the table: {reason}"),
         };
         let keys: Vec<String> = self
             .key_schema()
