@@ -126,17 +126,42 @@ fn batches(from: i64, to: i64) -> Vec<RecordBatch> {
 
 /// An unsharded table at `dir` holding rows `0..base`.
 async fn base_table(dir: &Path, base: i64) -> Result<String, String> {
+    unsharded_table(dir, schema(), batches(0, base), false).await
+}
+
+/// An unsharded table at `dir` (replaced) holding `rows`, with an
+/// IVF_FLAT index `vec_idx` on `vec` when `vector_index`, and a MemWAL
+/// index maintaining every index.
+async fn unsharded_table(
+    dir: &Path,
+    schema: SchemaRef,
+    rows: Vec<RecordBatch>,
+    vector_index: bool,
+) -> Result<String, String> {
+    use lance::index::vector::VectorIndexParams;
+    use lance::index::DatasetIndexExt;
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let uri = dir.to_str().ok_or("path")?.to_string();
-    let b = batches(0, base);
     let mut ds = Dataset::write(
-        RecordBatchIterator::new(b.into_iter().map(Ok), schema()),
+        RecordBatchIterator::new(rows.into_iter().map(Ok), schema),
         &uri,
         Some(WriteParams::default()),
     )
     .await
     .map_err(|e| e.to_string())?;
+    if vector_index {
+        let params = VectorIndexParams::ivf_flat(1, memwal_sstable::DistanceType::L2);
+        ds.create_index(
+            &["vec"],
+            lance_index::IndexType::Vector,
+            Some("vec_idx".into()),
+            &params,
+            true,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    }
     ds.initialize_mem_wal()
         .unsharded()
         .execute()
@@ -613,34 +638,13 @@ fn vector_rows(from: i64, to: i64, dim: i32) -> RecordBatch {
 
 /// A table of 1000 base rows with an IVF_FLAT index on `vec`, maintained.
 async fn vector_table(dir: &Path, dim: i32) -> Result<String, String> {
-    use lance::index::vector::VectorIndexParams;
-    use lance::index::DatasetIndexExt;
-    let _ = std::fs::remove_dir_all(dir);
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let uri = dir.to_str().ok_or("path")?.to_string();
-    let mut ds = Dataset::write(
-        RecordBatchIterator::new(vec![Ok(vector_rows(0, 1000, dim))], vector_schema(dim)),
-        &uri,
-        Some(WriteParams::default()),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let params = VectorIndexParams::ivf_flat(1, memwal_sstable::DistanceType::L2);
-    ds.create_index(
-        &["vec"],
-        lance_index::IndexType::Vector,
-        Some("vec_idx".into()),
-        &params,
+    unsharded_table(
+        dir,
+        vector_schema(dim),
+        vec![vector_rows(0, 1000, dim)],
         true,
     )
     .await
-    .map_err(|e| e.to_string())?;
-    ds.initialize_mem_wal()
-        .unsharded()
-        .execute()
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(uri)
 }
 
 async fn vector_search(a: &Args) -> Result<(), String> {

@@ -192,8 +192,27 @@ impl ReadBudget {
         }
     }
 
+    /// What a table read for a query (`read`, in `schema`) gives the
+    /// query: its failure, or its rows counted against the budget and
+    /// scanned from memory.
+    pub(crate) async fn serve(
+        &self,
+        read: std::result::Result<RecordBatch, crate::ServerError>,
+        schema: &SchemaRef,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let batch = read.map_err(|e| DataFusionError::External(Box::new(e)))?;
+        self.charge(&batch)
+            .map_err(DataFusionError::ResourcesExhausted)?;
+        MemTable::try_new(schema.clone(), vec![vec![batch]])?
+            .scan(state, projection, &[], limit)
+            .await
+    }
+
     /// Counts `batch` against the budget; `Err` says it is exceeded.
-    pub(crate) fn charge(&self, batch: &RecordBatch) -> Result<(), String> {
+    fn charge(&self, batch: &RecordBatch) -> Result<(), String> {
         let size = batch.get_array_memory_size();
         let held = self.used.fetch_add(size, Ordering::Relaxed) + size;
         if held > self.limit {
@@ -242,12 +261,8 @@ impl TableProvider for HostTable {
             Some(keys) => self.host.lookup_keys(&keys).await,
             None => self.host.read_rows().await,
         };
-        let batch = read.map_err(|e| DataFusionError::External(Box::new(e)))?;
         self.read_bytes
-            .charge(&batch)
-            .map_err(DataFusionError::ResourcesExhausted)?;
-        MemTable::try_new(self.schema.clone(), vec![vec![batch]])?
-            .scan(state, projection, &[], limit)
+            .serve(read, &self.schema, state, projection, limit)
             .await
     }
 }

@@ -2,8 +2,10 @@
 //! prepared statements): DataFusion plans and runs the query over each
 //! table as [`TableHost::read_rows`] reads it (published data plus this
 //! daemon's memtables), so a query sent after an ack sees the acked rows;
-//! a filter on primary-key values (`id = 4`, `id IN (..)`) reads only
-//! those keys ([`TableHost::lookup_rows`], `provider.rs`).
+//! filters on primary-key values (`id = 4`, `id IN (..)`, every column
+//! of a composite key) read only those keys ([`TableHost::lookup_keys`],
+//! `provider.rs`). Queries run on their own runtime and stream their
+//! results ([`stream`]).
 //!
 //! `vector_search(table, column, vector, k)` and `fts(table, column,
 //! query [, limit])` are table functions for search

@@ -21,7 +21,7 @@ use arrow_schema::SchemaRef;
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::{plan_err, DataFusionError, Result, ScalarValue};
-use datafusion::datasource::{MemTable, TableType};
+use datafusion::datasource::TableType;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 
@@ -168,12 +168,8 @@ impl TableProvider for Search {
                 limit,
             } => self.host.full_text(column, query, *limit).await,
         };
-        let batch = found.map_err(|e| DataFusionError::External(Box::new(e)))?;
         self.read_bytes
-            .charge(&batch)
-            .map_err(DataFusionError::ResourcesExhausted)?;
-        MemTable::try_new(self.schema.clone(), vec![vec![batch]])?
-            .scan(state, projection, &[], limit)
+            .serve(found, &self.schema, state, projection, limit)
             .await
     }
 }

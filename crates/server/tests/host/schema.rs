@@ -61,6 +61,19 @@ async fn base_rows(path: &std::path::Path) -> Vec<RecordBatch> {
         .unwrap()
 }
 
+/// Adds a nullable Utf8 column `extra` to the base table at `path`.
+async fn add_extra(path: &std::path::Path) {
+    let mut ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
+    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
+    ds.add_columns(
+        lance::dataset::NewColumnTransform::AllNulls(extra),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
+}
+
 /// Refused as invalid (nothing written), naming `column`.
 #[track_caller]
 fn assert_invalid_naming(e: ServerError, column: &str) {
@@ -92,15 +105,7 @@ async fn an_added_column_reaches_every_open_shard_without_a_restart() {
     host.write(&tagged(&ids, "a"), false).await.unwrap();
     assert_eq!(host.status().await.len(), 4, "every bucket's shard is open");
     let path = dir.path().join("t");
-    let mut ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
-    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
-    ds.add_columns(
-        lance::dataset::NewColumnTransform::AllNulls(extra),
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+    add_extra(&path).await;
 
     // Not noticed yet: the served schema is the old one.
     let e = host.write(&with_extra(&ids, "b"), false).await.unwrap_err();
@@ -256,15 +261,7 @@ async fn a_shard_opening_during_a_schema_change_follows_it() {
         .await
         .unwrap();
     let path = dir.path().join("t");
-    let mut ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
-    let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
-    ds.add_columns(
-        lance::dataset::NewColumnTransform::AllNulls(extra),
-        None,
-        None,
-    )
-    .await
-    .unwrap();
+    add_extra(&path).await;
     assert!(host.evolve().await.unwrap(), "the host follows the change");
     go_tx.send(()).unwrap();
     opening.await.unwrap().unwrap();

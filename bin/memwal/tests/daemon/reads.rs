@@ -1,0 +1,165 @@
+//! Reading back through the daemon: SQL over Flight SQL (ADBC,
+//! `memwal query`) and the limits every query runs within.
+
+use arrow_array::RecordBatch;
+use futures::StreamExt;
+
+use crate::common::*;
+
+// Breaks if a user cannot read back with SQL what they just wrote, through
+// ADBC's Flight SQL driver with no custom code (`cursor.execute` begins
+// with a prepared statement): the first query must see unflushed rows,
+// later ones the overwrite and the delete (newest value only, the deleted
+// keys absent, no key twice), and a bad query must be refused with
+// INVALID_ARGUMENT naming the column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adbc_reads_back_what_it_wrote_at_once_with_sql() {
+    let Some(python) = test_python("ADBC query") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(&table, &[]);
+    let out = run_python(&python, "adbc_query.py", &[&d.flight, "t"]);
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(got["table_schema"], serde_json::json!(["id", "v"]), "{got}");
+    assert_eq!(got["key_4_first"], serde_json::json!([["a-4"]]), "{got}");
+    assert_eq!(got["key_4"], serde_json::json!([["b-4"]]), "{got}");
+    assert_eq!(got["count"], 8, "{got}");
+    let want: Vec<serde_json::Value> = [0, 1, 2, 3, 4, 7, 8, 9]
+        .iter()
+        .map(|&i| {
+            let tag = if i < 5 { "b" } else { "a" };
+            serde_json::json!([i, format!("{tag}-{i}")])
+        })
+        .collect();
+    assert_eq!(got["rows"], serde_json::Value::Array(want), "{got}");
+    let bad = got["bad_query"].as_str().unwrap_or_else(|| panic!("{got}"));
+    assert!(
+        bad.contains("INVALID_ARGUMENT") || bad.contains("InvalidArgument") || bad.contains("nope"),
+        "{bad}"
+    );
+    d.stop_ok();
+}
+
+// Breaks if `memwal query` cannot read back acknowledged, unflushed rows
+// (JSON lines and the table form), or a bad query does not fail naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memwal_query_reads_back_acked_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(&table, &[]);
+    let mut c = client(&d.flight, None).await;
+    put(&mut c, &["t"], vec![rows(&[1, 2, 3], "a"), rows(&[2], "b")])
+        .await
+        .unwrap();
+    let sql = "SELECT id, v FROM t ORDER BY id";
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", sql]);
+    assert!(ok, "{out}{err}");
+    let got: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            serde_json::json!({"id": 1, "v": "a-1"}),
+            serde_json::json!({"id": 2, "v": "b-2"}),
+            serde_json::json!({"id": 3, "v": "a-3"}),
+        ]
+    );
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, sql]);
+    assert!(
+        ok && out.contains("b-2") && out.contains("(3 rows)"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "SELECT nope FROM t"]);
+    assert!(!ok && err.contains("nope"), "{out}{err}");
+    d.stop_ok();
+}
+
+// Breaks if a query past its memory budget or time limit does not end
+// with RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED naming the limit, if a
+// result is not streamed (rows reach the client before the query ends),
+// or if the daemon stops answering queries after one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_past_their_limits_get_a_clear_status_and_the_daemon_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::start(
+        &table,
+        &["--query-memory-mib", "1", "--query-timeout-ms", "500"],
+    );
+    let mut c = client(&d.flight, None).await;
+    // ~2 MiB of rows: a whole read of the table is over the 1 MiB budget.
+    let ids: Vec<i64> = (0..20_000).collect();
+    let wide = "x".repeat(100);
+    let batches: Vec<RecordBatch> = ids.chunks(5_000).map(|c| rows(c, &wide)).collect();
+    put(&mut c, &["t"], batches).await.unwrap();
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "SELECT * FROM t"]);
+    assert!(
+        // tonic's text of RESOURCE_EXHAUSTED, then ours.
+        !ok && err.contains("resource has been exhausted") && err.contains("memory budget"),
+        "{out}{err}"
+    );
+    // A key lookup reads a row, well within the budget.
+    let one = "SELECT id FROM t WHERE id = 7";
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", one]);
+    assert!(ok && out.trim() == r#"{"id":7}"#, "{out}{err}");
+    // A sum over a 3 x 10^9-row cross join (its build side, 30000 rows,
+    // within the memory budget) runs far past 500 ms (a sum, not a
+    // count: no statistics answer it without running it). It must end
+    // near its limit: a cross join emits batches without polling its
+    // input, so unless every operator yields (`cooperative.rs`) the limit
+    // could not cut it for seconds (about 5 s here, against 0.55 s).
+    let slow = "SELECT sum(a.value * b.value) FROM generate_series(1, 30000) a, \
+                generate_series(1, 100000) b";
+    let started = std::time::Instant::now();
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, slow]);
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(3),
+        "ended after {took:?}"
+    );
+    assert!(
+        // tonic's text of DEADLINE_EXCEEDED, then ours.
+        !ok && err.contains("Deadline expired") && err.contains("500ms limit"),
+        "{out}{err}"
+    );
+    // Results are streamed: rows of a query running past its limit reach
+    // the client before the limit ends it (a result collected whole first
+    // would send none).
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", d.flight))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut sql = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+    let info = sql
+        .execute(
+            "SELECT value FROM generate_series(1, 1000000000000)".into(),
+            None,
+        )
+        .await
+        .unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let mut rows = sql.do_get(ticket).await.unwrap();
+    let mut received = 0;
+    let ended = loop {
+        match rows.next().await {
+            Some(Ok(b)) => received += b.num_rows(),
+            Some(Err(e)) => break e.to_string(),
+            None => panic!("a 10^12-row result ended after {received} rows"),
+        }
+    };
+    assert!(
+        received > 0 && ended.contains("500ms limit"),
+        "{received} rows, then {ended}"
+    );
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", one]);
+    assert!(ok && out.trim() == r#"{"id":7}"#, "{out}{err}");
+    d.stop_ok();
+}
