@@ -18,7 +18,10 @@
 //! 3. recall: 50 queries (fresh vectors, slightly perturbed) against that
 //!    generation's SSTable, top 10 through its own index (`fast_search`)
 //!    against brute force, at lance's default search breadth (ef = 1.5 k,
-//!    what upstream's LSM planner uses) and at ef = 100.
+//!    what upstream's LSM planner uses), at ef = 100, and re-ranked with
+//!    `refine` 4; once on that generation (uniform random vectors) and once
+//!    on a second one whose vectors lie near a 16-d linear manifold (the
+//!    low intrinsic dimension of real embeddings).
 //!
 //! Writers: `memwal` (fsync, its default local store), `memwal noindex`
 //! (the same table with an empty maintained list: the put path without
@@ -121,14 +124,76 @@ fn unit(id: i64, j: u64) -> f32 {
     (x.wrapping_mul(0x94D0_49BB_1331_11EB) >> 40) as f32 / (1u64 << 24) as f32
 }
 
+/// Row `id`'s vector: uniform random in [0, 1)^dim.
 fn vector(id: i64, dim: i32) -> impl Iterator<Item = f32> {
     (0..dim as u64).map(move |j| unit(id, j))
+}
+
+/// Latent dimensions of [`Data::Manifold`] vectors.
+const LATENT: u64 = 16;
+
+/// What the vectors of a generation look like.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Data {
+    /// Uniform random: no neighbourhood structure (the worst case for any
+    /// graph index: every point's neighbours are nearly equidistant).
+    Uniform,
+    /// A fixed random linear map of 16-d uniform latent vectors into `dim`
+    /// dimensions, plus 1% noise: the low intrinsic dimension of real
+    /// embeddings.
+    Manifold,
+}
+
+impl Data {
+    fn vector(self, id: i64, dim: i32) -> Vec<f32> {
+        match self {
+            Data::Uniform => vector(id, dim).collect(),
+            Data::Manifold => {
+                let z: Vec<f32> = (0..LATENT).map(|i| unit(id, 5000 + i) - 0.5).collect();
+                (0..dim as u64)
+                    .map(|j| {
+                        let x: f32 = z
+                            .iter()
+                            .enumerate()
+                            .map(|(i, zi)| {
+                                zi * (unit(-1 - (j * LATENT) as i64 - i as i64, 7) - 0.5)
+                            })
+                            .sum();
+                        x + 0.01 * (unit(id, j) - 0.5)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// A query near row `id`: its vector moved a little (in latent space
+    /// for the manifold, so the query stays on it).
+    fn query(self, id: i64, dim: i32) -> Vec<f32> {
+        match self {
+            Data::Uniform => vector(id, dim)
+                .enumerate()
+                .map(|(j, x)| x + 0.01 * unit(id + 7, j as u64))
+                .collect(),
+            Data::Manifold => {
+                let near = self.vector(id, dim);
+                let other = self.vector(id + 7, dim);
+                near.iter()
+                    .zip(other)
+                    .map(|(a, b)| a + 0.02 * (b - a))
+                    .collect()
+            }
+        }
+    }
 }
 
 const WORDS: usize = 2000;
 
 fn batch(ids: std::ops::Range<i64>, dim: i32) -> RecordBatch {
-    let values: Vec<f32> = ids.clone().flat_map(|id| vector(id, dim)).collect();
+    batch_of(Data::Uniform, ids, dim)
+}
+
+fn batch_of(data: Data, ids: std::ops::Range<i64>, dim: i32) -> RecordBatch {
+    let values: Vec<f32> = ids.clone().flat_map(|id| data.vector(id, dim)).collect();
     let vecs = FixedSizeListArray::try_new(
         Arc::new(Field::new("item", DataType::Float32, true)),
         dim,
@@ -343,18 +408,82 @@ fn sstable_dir(table: &Path, shard: Uuid) -> PathBuf {
         .unwrap_or_else(|| panic!("no SSTable under {}", dir.display()))
 }
 
-/// `ef`: the HNSW search breadth (`None`: lance's default, 1.5 k).
-async fn recall_at_10(sst: &Path, first: i64, rows: usize, dim: i32, ef: Option<usize>) -> f64 {
+/// How a recall query searches: `ef` is the HNSW search breadth (`None`:
+/// lance's default, 1.5 k), `refine` re-ranks that many times k candidates
+/// by exact distance (lance's `refine_factor`, which upstream's LSM planner
+/// passes to SSTable arms).
+#[derive(Clone, Copy)]
+struct Search {
+    ef: Option<usize>,
+    refine: Option<u32>,
+}
+
+/// The recall columns: each data kind at each search setting.
+const RECALLS: [(&str, Data, Search); 6] = [
+    (
+        "recall@10",
+        Data::Uniform,
+        Search {
+            ef: None,
+            refine: None,
+        },
+    ),
+    (
+        "recall@10 ef=100",
+        Data::Uniform,
+        Search {
+            ef: Some(100),
+            refine: None,
+        },
+    ),
+    (
+        "recall@10 refine=4",
+        Data::Uniform,
+        Search {
+            ef: None,
+            refine: Some(4),
+        },
+    ),
+    (
+        "manifold recall@10",
+        Data::Manifold,
+        Search {
+            ef: None,
+            refine: None,
+        },
+    ),
+    (
+        "manifold recall@10 ef=100",
+        Data::Manifold,
+        Search {
+            ef: Some(100),
+            refine: None,
+        },
+    ),
+    (
+        "manifold recall@10 refine=4",
+        Data::Manifold,
+        Search {
+            ef: None,
+            refine: Some(4),
+        },
+    ),
+];
+
+async fn recall_at_10(
+    sst: &Path,
+    first: i64,
+    rows: usize,
+    dim: i32,
+    data: Data,
+    search: Search,
+) -> f64 {
     let ds = Dataset::open(sst.to_str().unwrap()).await.unwrap();
     let queries = 50;
     let mut hits = 0usize;
     for i in 0..queries {
         let id = first + (i * rows / queries) as i64;
-        let q: Vec<f32> = vector(id, dim)
-            .enumerate()
-            .map(|(j, x)| x + 0.01 * unit(id + 7, j as u64))
-            .collect();
-        let q = Float32Array::from(q);
+        let q = Float32Array::from(data.query(id, dim));
         let ids = |b: Vec<RecordBatch>| -> Vec<i64> {
             b.iter()
                 .flat_map(|b| {
@@ -372,8 +501,11 @@ async fn recall_at_10(sst: &Path, first: i64, rows: usize, dim: i32, ef: Option<
             .nearest("vec", &q, 10)
             .unwrap()
             .fast_search();
-        if let Some(ef) = ef {
+        if let Some(ef) = search.ef {
             ann.ef(ef);
+        }
+        if let Some(factor) = search.refine {
+            ann.refine(factor);
         }
         let got = ids(ann
             .try_into_stream()
@@ -440,34 +572,80 @@ async fn run_one(a: &Args, dim: i32, v: Variant, rep: usize, f: &mut Figures) {
     f.push("close s", v, close);
 
     // 2. One generation, flushed explicitly.
-    let shard = Uuid::new_v4();
-    let w = open(v, &dir, shard, a.gen_rows * 4).await;
     let first = 2_000_000_000i64;
+    let (shard, cpu) = one_generation(v, &dir, a, dim, Data::Uniform, first).await;
+    for (what, x) in [
+        ("gen put s", cpu.put_s),
+        ("gen put CPU s", cpu.put_cpu_s),
+        ("flush s", cpu.flush_s),
+        ("flush CPU s", cpu.flush_cpu_s),
+    ] {
+        f.push(what, v, x);
+    }
+
+    // 3. Recall of a generation's own index: that one (uniform vectors),
+    // and one of manifold vectors.
+    if v != Variant::MemwalNoIndex {
+        let (manifold, _) = one_generation(v, &dir, a, dim, Data::Manifold, first).await;
+        for (col, data, search) in RECALLS {
+            let sst = sstable_dir(
+                &dir,
+                if data == Data::Uniform {
+                    shard
+                } else {
+                    manifold
+                },
+            );
+            f.push(
+                col,
+                v,
+                recall_at_10(&sst, first, a.gen_rows, dim, data, search).await,
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Wall and CPU time of one generation's puts and its explicit flush.
+struct GenerationCost {
+    put_s: f64,
+    put_cpu_s: f64,
+    flush_s: f64,
+    flush_cpu_s: f64,
+}
+
+/// A fresh shard takes `--gen-rows` rows of `data` (nothing freezes), one
+/// explicit flush publishes them as one SSTable, and the writer closes.
+async fn one_generation(
+    v: Variant,
+    dir: &Path,
+    a: &Args,
+    dim: i32,
+    data: Data,
+    first: i64,
+) -> (Uuid, GenerationCost) {
+    let shard = Uuid::new_v4();
+    let w = open(v, dir, shard, a.gen_rows * 4).await;
     let cpu0 = cpu_seconds();
     let t = Instant::now();
     for s in (0..a.gen_rows).step_by(a.batch) {
         let n = a.batch.min(a.gen_rows - s) as i64;
-        w.put(batch(first + s as i64..first + s as i64 + n, dim))
-            .await;
+        let ids = first + s as i64..first + s as i64 + n;
+        w.put(batch_of(data, ids, dim)).await;
     }
-    let put_cpu = cpu_seconds() - cpu0;
-    f.push("gen put s", v, t.elapsed().as_secs_f64());
-    f.push("gen put CPU s", v, put_cpu);
+    let put_cpu_s = cpu_seconds() - cpu0;
+    let put_s = t.elapsed().as_secs_f64();
     let cpu1 = cpu_seconds();
     let t = Instant::now();
     w.flush().await;
-    f.push("flush s", v, t.elapsed().as_secs_f64());
-    f.push("flush CPU s", v, cpu_seconds() - cpu1);
+    let cost = GenerationCost {
+        put_s,
+        put_cpu_s,
+        flush_s: t.elapsed().as_secs_f64(),
+        flush_cpu_s: cpu_seconds() - cpu1,
+    };
     w.close().await;
-
-    // 3. Recall of that generation's own index.
-    if v != Variant::MemwalNoIndex {
-        let sst = sstable_dir(&dir, shard);
-        for (col, ef) in [("recall@10", None), ("recall@10 ef=100", Some(100))] {
-            f.push(col, v, recall_at_10(&sst, first, a.gen_rows, dim, ef).await);
-        }
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    (shard, cost)
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -493,7 +671,7 @@ async fn main() {
             "\n## dim {dim}: {} reps, {} s window, {}-row batches, {} rows per generation, {} base rows (medians)\n",
             a.reps, a.secs, a.batch, a.gen_rows, a.base
         );
-        let cols = [
+        let mut cols = vec![
             "rows/s",
             "rows/s incl. close",
             "p50 ms",
@@ -502,9 +680,8 @@ async fn main() {
             "gen put CPU s",
             "flush s",
             "flush CPU s",
-            "recall@10",
-            "recall@10 ef=100",
         ];
+        cols.extend(RECALLS.iter().map(|(col, ..)| *col));
         println!("| writer | {} |", cols.join(" | "));
         println!("|---|{}", "---|".repeat(cols.len()));
         for v in variants {

@@ -1,7 +1,8 @@
 //! The local store [`crate::open_store`] returns for a path: object_store's
 //! `LocalFileSystem` with fsync, except that large whole-object writes
-//! (creates and overwrites of at least [`DIRECT_MIN_BYTES`]) bypass the
-//! page cache with `O_DIRECT`.
+//! (creates and overwrites of at least [`DIRECT_MIN_BYTES`]) and multipart
+//! uploads (lance's SSTable data files; [`crate::direct_upload`]) bypass
+//! the page cache with `O_DIRECT`.
 //!
 //! Why: WAL entries are written once and read back only by a recovery.
 //! Copying them into page-cache pages costs CPU on every put and evicts
@@ -36,6 +37,8 @@ use object_store::{
 use parking_lot::Mutex;
 use rustix::fs::OFlags;
 
+use crate::direct_upload::DirectUpload;
+
 /// Whole-object writes at least this large go through `O_DIRECT`; smaller
 /// ones (manifests, hints, sentinels) are dominated by their fsyncs and go
 /// through the inner store.
@@ -43,14 +46,14 @@ pub const DIRECT_MIN_BYTES: usize = 64 << 10;
 
 /// Buffer address, file offset and length alignment for `O_DIRECT`: the
 /// largest logical block size of common devices.
-const ALIGN: usize = 4096;
+pub(crate) const ALIGN: usize = 4096;
 
 /// Aligned buffers kept for reuse (a fresh buffer's first touch costs page
 /// faults), and the largest one kept.
-const POOLED_BUFFERS: usize = 2;
+const POOLED_BUFFERS: usize = 4;
 const MAX_POOLED_BYTES: usize = 32 << 20;
 
-const STORE_NAME: &str = "LocalDurableStore";
+pub(crate) const STORE_NAME: &str = "LocalDurableStore";
 
 /// `LocalFileSystem` (which must have fsync enabled) with large creates and
 /// overwrites written through `O_DIRECT`.
@@ -59,8 +62,9 @@ const STORE_NAME: &str = "LocalDurableStore";
 /// (a staged file hidden from listings, then linked or renamed into place),
 /// a create never replaces an existing object (`AlreadyExists`), and a
 /// returned write is durable (file data and directory entry fsynced).
-/// Reads, listings, deletes, copies and multipart uploads are the inner
-/// store's.
+/// Multipart uploads keep the same guarantees except put-if-not-exists
+/// (they overwrite, as object_store's do). Reads, listings, deletes and
+/// copies are the inner store's.
 #[derive(Debug)]
 pub(crate) struct LocalDurableStore {
     inner: LocalFileSystem,
@@ -68,10 +72,12 @@ pub(crate) struct LocalDurableStore {
 }
 
 #[derive(Debug, Default)]
-struct Shared {
+pub(crate) struct Shared {
     /// Set once the file system refused `O_DIRECT`.
-    direct_unsupported: AtomicBool,
+    pub(crate) direct_unsupported: AtomicBool,
     buffers: Mutex<Vec<AlignedBuf>>,
+    /// Held by each multipart upload write: one at a time per store.
+    pub(crate) upload_io: Mutex<()>,
 }
 
 impl LocalDurableStore {
@@ -152,7 +158,7 @@ impl DirectStage {
         }
     }
 
-    fn error(self, path: &FsPath, source: io::Error) -> object_store::Error {
+    pub(crate) fn error(self, path: &FsPath, source: io::Error) -> object_store::Error {
         object_store::Error::Generic {
             store: STORE_NAME,
             source: Box::new(DirectWriteError {
@@ -217,7 +223,40 @@ impl ObjectStore for LocalDurableStore {
         location: &Path,
         opts: PutMultipartOptions,
     ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.inner.put_multipart_opts(location, opts).await
+        if !opts.attributes.is_empty() || self.shared.direct_unsupported.load(Ordering::Relaxed) {
+            return self.inner.put_multipart_opts(location, opts).await;
+        }
+        let dest = self.inner.path_to_filesystem(location)?;
+        let at = dest.clone();
+        let staged = match tokio::runtime::Handle::try_current() {
+            Ok(_) => tokio::task::spawn_blocking(move || stage(&at))
+                .await
+                .map_err(|e| object_store::Error::Generic {
+                    store: STORE_NAME,
+                    source: Box::new(e),
+                })?,
+            Err(_) => stage(&at),
+        };
+        match staged {
+            Ok((file, path)) => Ok(Box::new(DirectUpload::new(
+                self.shared.clone(),
+                file,
+                path,
+                dest,
+            ))),
+            Err(StageError::Unsupported) => {
+                self.shared
+                    .direct_unsupported
+                    .store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    path = %location,
+                    "the file system refused O_DIRECT; large local writes go through the page cache"
+                );
+                metrics::counter!("memwal_store_direct_unsupported_total").increment(1);
+                self.inner.put_multipart_opts(location, opts).await
+            }
+            Err(StageError::Failed(e)) => Err(e),
+        }
     }
 
     async fn get_opts(
@@ -279,7 +318,7 @@ impl ObjectStore for LocalDurableStore {
 }
 
 #[derive(Debug, Clone, Copy)]
-enum Publish {
+pub(crate) enum Publish {
     /// Hard link: fails with `AlreadyExists` if the object exists.
     Link,
     /// Rename: replaces the object.
@@ -305,7 +344,7 @@ fn write_direct(
     let result =
         staged.and_then(
             |(file, path)| match write_staged(&file, &path, &buf.bytes_mut()[..len]) {
-                Ok(true) => publish_staged(file, &path, dest, publish).map(Some),
+                Ok(true) => publish_staged(&file, &path, dest, publish).map(Some),
                 // Refused or failed before publishing: the staged name is
                 // still ours to remove.
                 unpublished => {
@@ -326,10 +365,24 @@ fn write_direct(
     }
 }
 
-enum StageError {
+pub(crate) enum StageError {
     /// `O_DIRECT` refused: nothing was staged.
     Unsupported,
     Failed(object_store::Error),
+}
+
+impl StageError {
+    /// As an object_store error (a refusal of `O_DIRECT` here is a write
+    /// failure: the caller had no buffered path left to take).
+    pub(crate) fn into_store(self) -> object_store::Error {
+        match self {
+            StageError::Failed(e) => e,
+            StageError::Unsupported => object_store::Error::Generic {
+                store: STORE_NAME,
+                source: "the file system refused O_DIRECT".into(),
+            },
+        }
+    }
 }
 
 impl From<object_store::Error> for StageError {
@@ -341,7 +394,7 @@ impl From<object_store::Error> for StageError {
 /// Creates a new staged file `{dest}#{n}` (a name `LocalFileSystem` hides
 /// from listings) opened for `O_DIRECT` writes, creating (and fsyncing)
 /// missing parent directories.
-fn stage(dest: &FsPath) -> Result<(File, PathBuf), StageError> {
+pub(crate) fn stage(dest: &FsPath) -> Result<(File, PathBuf), StageError> {
     let mut created_parents = false;
     let mut n = 1u64;
     loop {
@@ -401,8 +454,8 @@ fn write_staged(file: &File, path: &FsPath, bytes: &[u8]) -> Result<bool, StageE
 
 /// Fsyncs the staged file, publishes it at `dest` and fsyncs `dest`'s
 /// directory.
-fn publish_staged(
-    file: File,
+pub(crate) fn publish_staged(
+    file: &File,
     staged: &FsPath,
     dest: &FsPath,
     publish: Publish,
@@ -415,7 +468,6 @@ fn publish_staged(
                 .map(|()| m)
                 .map_err(|e| DirectStage::Sync.error(staged, e))
         });
-    drop(file);
     let metadata = match synced {
         Ok(m) => m,
         Err(e) => {
@@ -530,7 +582,7 @@ fn etag(metadata: &std::fs::Metadata) -> String {
 struct Block([u8; ALIGN]);
 
 /// A heap buffer aligned for `O_DIRECT`.
-struct AlignedBuf {
+pub(crate) struct AlignedBuf {
     blocks: Vec<Block>,
 }
 
@@ -541,6 +593,11 @@ impl fmt::Debug for AlignedBuf {
 }
 
 impl AlignedBuf {
+    /// A buffer of no bytes (allocates nothing; never pooled).
+    pub(crate) fn empty() -> Self {
+        Self { blocks: Vec::new() }
+    }
+
     fn with_capacity(bytes: usize) -> Self {
         Self {
             blocks: vec![Block([0; ALIGN]); bytes.div_ceil(ALIGN).max(1)],
@@ -554,7 +611,7 @@ impl AlignedBuf {
     // The one unsafe block of the library crates: an aligned buffer for
     // O_DIRECT viewed as bytes.
     #[allow(unsafe_code)]
-    fn bytes_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         let len = self.capacity();
         // SAFETY: `Block` is a plain byte array with no padding, so the
         // vector's elements are `len` initialised, contiguous bytes owned
@@ -565,7 +622,7 @@ impl AlignedBuf {
 
 impl Shared {
     /// A pooled buffer of at least `len` bytes, or a new one.
-    fn take_buffer(&self, len: usize) -> AlignedBuf {
+    pub(crate) fn take_buffer(&self, len: usize) -> AlignedBuf {
         let mut pool = self.buffers.lock();
         match pool.iter().position(|b| b.capacity() >= len) {
             Some(i) => pool.swap_remove(i),
@@ -578,8 +635,8 @@ impl Shared {
         }
     }
 
-    fn give_back(&self, buf: AlignedBuf) {
-        if buf.capacity() > MAX_POOLED_BYTES {
+    pub(crate) fn give_back(&self, buf: AlignedBuf) {
+        if buf.capacity() == 0 || buf.capacity() > MAX_POOLED_BYTES {
             return;
         }
         let mut pool = self.buffers.lock();

@@ -16,6 +16,7 @@
 
 mod classify;
 mod direct;
+mod direct_upload;
 mod error;
 mod failpoint;
 mod ops;

@@ -39,8 +39,9 @@ impl StoreLocation {
 /// - a plain path or `file://` URL: the local file system rooted at that
 ///   directory (created if missing), **with fsync**: a write that returned is
 ///   on disk, including its directory entry. Whole-object writes of at least
-///   [`crate::DIRECT_MIN_BYTES`] (WAL entries) bypass the page cache
-///   (`O_DIRECT`) where the file system allows it;
+///   [`crate::DIRECT_MIN_BYTES`] (WAL entries) and multipart uploads
+///   (lance's SSTable data files) bypass the page cache (`O_DIRECT`) where
+///   the file system allows it (`docs/design/local-store.md`);
 /// - `memory://NAME`: an in-memory store shared by every caller in this
 ///   process that opens the same URI;
 /// - `s3://BUCKET/PREFIX`: credentials, region and endpoint from the standard

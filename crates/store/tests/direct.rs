@@ -2,8 +2,8 @@
 //! `O_DIRECT` (its own staged-file path instead of object_store's): these
 //! tests prove those writes keep the store's contract (exact bytes,
 //! put-if-not-exists, overwrite, missing directories, hidden staging),
-//! and that they really went through `O_DIRECT` (the direct-write counter
-//! rises; the scratch directory is under /var/tmp, not a tmpfs /tmp, which
+//! and that they really went through `O_DIRECT` (the direct-write
+//! counters rise; the scratch directory is under /var/tmp, not a tmpfs /tmp, which
 //! refuses `O_DIRECT`).
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
@@ -23,9 +23,19 @@ fn scratch() -> tempfile::TempDir {
     tempfile::tempdir_in(base).unwrap()
 }
 
-/// `memwal_store_direct_writes_total` in this process (a debugging
-/// recorder installed on first use).
+/// `memwal_store_direct_writes_total` in this process.
 fn direct_writes() -> u64 {
+    counter("memwal_store_direct_writes_total")
+}
+
+/// Bytes multipart uploads wrote through `O_DIRECT` in this process.
+fn direct_upload_bytes() -> u64 {
+    counter("memwal_store_direct_upload_bytes_total")
+}
+
+/// The counter `name` in this process (a debugging recorder installed on
+/// first use).
+fn counter(name: &str) -> u64 {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
     static SNAPSHOTTER: std::sync::OnceLock<Snapshotter> = std::sync::OnceLock::new();
     let snapshotter = SNAPSHOTTER.get_or_init(|| {
@@ -40,7 +50,7 @@ fn direct_writes() -> u64 {
         .snapshot()
         .into_vec()
         .into_iter()
-        .filter(|(key, ..)| key.key().name() == "memwal_store_direct_writes_total")
+        .filter(|(key, ..)| key.key().name() == name)
         .map(|(.., value)| match value {
             DebugValue::Counter(n) => n,
             _ => 0,
@@ -232,6 +242,163 @@ async fn multi_chunk_payloads_are_written_in_order() {
         store.get(&path).await.unwrap().bytes().await.unwrap(),
         whole
     );
+}
+
+/// Part sizes of a multipart upload: lance's first part (5 MB) plus one,
+/// odd sizes straddling the 8 MiB chunks, a one-byte part and a tail.
+fn part_sizes() -> Vec<usize> {
+    vec![5_000_001, (7 << 20) + 13, 1, 12 << 20, 4095, 100]
+}
+
+/// Breaks if a multipart upload (how lance writes every SSTable data file
+/// past 5 MB) loses, pads or reorders bytes when its parts are written
+/// concurrently, shows up in listings before `complete`, leaves its staged
+/// file behind, or goes through the page cache instead of `O_DIRECT`.
+#[tokio::test]
+async fn multipart_uploads_read_back_exactly_through_o_direct() {
+    let dir = scratch();
+    let loc = open_store(dir.path().to_str().unwrap()).unwrap();
+    let store = loc.store.as_ref();
+    let path = loc.child("_mem_wal/shard/abcd_gen_1/data/0.lance");
+    let parts: Vec<Bytes> = part_sizes()
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| payload(n, 40 + i as u64))
+        .collect();
+    let whole: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+    let before = direct_upload_bytes();
+    let mut upload = store.put_multipart(&path).await.unwrap();
+    let writes: Vec<_> = parts
+        .iter()
+        .map(|p| upload.put_part(PutPayload::from_bytes(p.clone())))
+        .collect();
+    futures::future::try_join_all(writes).await.unwrap();
+    let listed: Vec<Path> = store
+        .list(None)
+        .map_ok(|m| m.location)
+        .try_collect()
+        .await
+        .unwrap();
+    assert!(listed.is_empty(), "visible before complete: {listed:?}");
+    let put = upload.complete().await.unwrap();
+    let got = store.get(&path).await.unwrap();
+    assert_eq!(got.meta.e_tag, put.e_tag, "the e-tag complete reports");
+    assert_eq!(got.bytes().await.unwrap(), whole, "read back");
+    let direct = direct_upload_bytes() - before;
+    assert!(
+        direct as usize >= whole.len() / 4096 * 4096,
+        "{direct} of {} bytes went through O_DIRECT",
+        whole.len()
+    );
+    let names: Vec<_> = std::fs::read_dir(dir.path().join("_mem_wal/shard/abcd_gen_1/data"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, vec!["0.lance".to_string()], "no staged file left");
+
+    // A second upload to the same path replaces it (object_store's
+    // multipart semantics), with no trace of the longer first file.
+    let shorter = payload((9 << 20) + 3, 50);
+    let mut again = store.put_multipart(&path).await.unwrap();
+    again
+        .put_part(PutPayload::from_bytes(shorter.clone()))
+        .await
+        .unwrap();
+    again.complete().await.unwrap();
+    assert_eq!(
+        store.get(&path).await.unwrap().bytes().await.unwrap(),
+        shorter
+    );
+}
+
+/// Breaks if an aborted or dropped upload leaves its staged file (hidden
+/// from listings, so only the file system would ever show the leak) or
+/// publishes anything.
+#[tokio::test]
+async fn aborted_and_dropped_uploads_leave_nothing() {
+    let dir = scratch();
+    let loc = open_store(dir.path().to_str().unwrap()).unwrap();
+    let store = loc.store.as_ref();
+    for (i, abort) in [(0, true), (1, false)] {
+        let path = loc.child(&format!("sst/{i}.lance"));
+        let mut upload = store.put_multipart(&path).await.unwrap();
+        upload
+            .put_part(PutPayload::from_bytes(payload(9 << 20, i)))
+            .await
+            .unwrap();
+        if abort {
+            upload.abort().await.unwrap();
+        } else {
+            drop(upload);
+        }
+    }
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("sst"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Breaks if a part whose future the caller dropped unpolled stalls the
+/// parts after it forever, or if `complete` then publishes a file with
+/// that part's bytes missing.
+#[tokio::test]
+async fn a_dropped_part_fails_complete_instead_of_leaving_a_hole() {
+    let dir = scratch();
+    let loc = open_store(dir.path().to_str().unwrap()).unwrap();
+    let store = loc.store.as_ref();
+    let path = loc.child("holes/0.lance");
+    let mut upload = store.put_multipart(&path).await.unwrap();
+    let first = upload.put_part(PutPayload::from_bytes(payload(3 << 20, 70)));
+    let dropped = upload.put_part(PutPayload::from_bytes(payload(3 << 20, 71)));
+    let third = upload.put_part(PutPayload::from_bytes(payload(3 << 20, 72)));
+    drop(dropped);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        futures::future::try_join(first, third),
+    )
+    .await
+    .expect("the parts after a dropped one still run")
+    .unwrap();
+    let err = upload.complete().await.expect_err("a part is missing");
+    assert!(err.to_string().contains("bytes"), "{err}");
+    assert!(
+        store.head(&path).await.is_err(),
+        "nothing is published under the name"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("holes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// A failed write of an upload's part is that part's error, and complete
+/// after it publishes nothing once the caller aborts (lance's writer does).
+///
+/// Breaks if a part's write error is swallowed (an SSTable published with
+/// a hole) or the failed upload leaves its staged file.
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn a_failed_part_write_fails_the_upload_and_publishes_nothing() {
+    let dir = scratch();
+    let loc = open_store(dir.path().to_str().unwrap()).unwrap();
+    let store = loc.store.as_ref();
+    let path = loc.child("part-fault/0.lance");
+    let mut upload = store.put_multipart(&path).await.unwrap();
+    fail::cfg("store::stage_write", "return(5@part-fault)").unwrap();
+    let failed = upload
+        .put_part(PutPayload::from_bytes(payload(9 << 20, 60)))
+        .await;
+    fail::remove("store::stage_write");
+    let err = failed.expect_err("the part's write failed");
+    assert!(
+        err.to_string().contains("unable to write the staged file"),
+        "{err}"
+    );
+    upload.abort().await.unwrap();
+    let left = walk(dir.path());
+    assert!(left.iter().all(|p| !p.contains("0.lance")), "left {left:?}");
 }
 
 /// A local write refused for room or permission before anything was

@@ -644,7 +644,7 @@ async fn main() {
         b.args.reps
     ));
     b.report.line("- writers: `memwal fsync` (memwal's default local store: file and directory entry fsynced on every object write; \
-        whole-object writes of 64 KiB or more, i.e. WAL entries, through `O_DIRECT`), \
+        whole-object writes of 64 KiB or more, i.e. WAL entries, and multipart uploads, i.e. SSTable data files, through `O_DIRECT`), \
         `memwal nofsync` (object_store `LocalFileSystem` without fsync), `upstream fsync Nms` (lance 14.0.2 `Dataset::mem_wal_writer`, \
         the dataset opened through a session that maps a private scheme to `LocalFileSystem::with_fsync(true)`, WAL flush tick N ms), \
         `upstream nofsync Nms` (the same on a plain local path: lance's local store, no fsync); in the replay case also \
