@@ -37,21 +37,14 @@ use object_store::{
 use parking_lot::Mutex;
 use rustix::fs::OFlags;
 
+pub(crate) use crate::aligned::ALIGN;
+use crate::aligned::{is_aligned, POOL};
 use crate::direct_upload::DirectUpload;
 
 /// Whole-object writes at least this large go through `O_DIRECT`; smaller
 /// ones (manifests, hints, sentinels) are dominated by their fsyncs and go
 /// through the inner store.
 pub const DIRECT_MIN_BYTES: usize = 64 << 10;
-
-/// Buffer address, file offset and length alignment for `O_DIRECT`: the
-/// largest logical block size of common devices.
-pub(crate) const ALIGN: usize = 4096;
-
-/// Aligned buffers kept for reuse (a fresh buffer's first touch costs page
-/// faults), and the largest one kept.
-const POOLED_BUFFERS: usize = 4;
-const MAX_POOLED_BYTES: usize = 32 << 20;
 
 pub(crate) const STORE_NAME: &str = "LocalDurableStore";
 
@@ -75,7 +68,6 @@ pub(crate) struct LocalDurableStore {
 pub(crate) struct Shared {
     /// Set once the file system refused `O_DIRECT`.
     pub(crate) direct_unsupported: AtomicBool,
-    buffers: Mutex<Vec<AlignedBuf>>,
     /// Held by each multipart upload write: one at a time per store.
     pub(crate) upload_io: Mutex<()>,
 }
@@ -334,27 +326,39 @@ fn write_direct(
     publish: Publish,
 ) -> object_store::Result<Option<PutResult>> {
     let len = payload.content_length();
-    let mut buf = shared.take_buffer(len);
-    let mut at = 0;
-    for chunk in payload.iter() {
-        buf.bytes_mut()[at..at + chunk.len()].copy_from_slice(chunk);
-        at += chunk.len();
-    }
+    let chunks: Vec<&bytes::Bytes> = payload.iter().collect();
+    // Bytes encoded into an `AlignedWriter` are written as they are; any
+    // other payload is copied into a pooled aligned buffer first.
+    let mut staging = None;
+    let bytes: &[u8] = match chunks.as_slice() {
+        [only] if is_aligned(only) => {
+            metrics::counter!("memwal_store_direct_zero_copy_writes_total").increment(1);
+            only
+        }
+        _ => {
+            let buf = staging.insert(POOL.take(len));
+            let mut at = 0;
+            for chunk in &chunks {
+                buf.bytes_mut()[at..at + chunk.len()].copy_from_slice(chunk);
+                at += chunk.len();
+            }
+            &buf.bytes()[..len]
+        }
+    };
     let staged = stage(dest);
-    let result =
-        staged.and_then(
-            |(file, path)| match write_staged(&file, &path, &buf.bytes_mut()[..len]) {
-                Ok(true) => publish_staged(&file, &path, dest, publish).map(Some),
-                // Refused or failed before publishing: the staged name is
-                // still ours to remove.
-                unpublished => {
-                    drop(file);
-                    let _ = std::fs::remove_file(&path);
-                    unpublished.map(|_| None)
-                }
-            },
-        );
-    shared.give_back(buf);
+    let result = staged.and_then(|(file, path)| match write_staged(&file, &path, bytes) {
+        Ok(true) => publish_staged(&file, &path, dest, publish).map(Some),
+        // Refused or failed before publishing: the staged name is
+        // still ours to remove.
+        unpublished => {
+            drop(file);
+            let _ = std::fs::remove_file(&path);
+            unpublished.map(|_| None)
+        }
+    });
+    if let Some(buf) = staging {
+        POOL.give_back(buf);
+    }
     match result {
         Ok(Some(put)) => Ok(Some(put)),
         Ok(None) | Err(StageError::Unsupported) => {
@@ -576,105 +580,9 @@ fn etag(metadata: &std::fs::Metadata) -> String {
     format!("\"{:x}-{mtime:x}-{:x}\"", metadata.ino(), metadata.len())
 }
 
-/// One `O_DIRECT`-aligned block.
-#[derive(Clone, Copy)]
-#[repr(C, align(4096))]
-struct Block([u8; ALIGN]);
-
-/// A heap buffer aligned for `O_DIRECT`.
-pub(crate) struct AlignedBuf {
-    blocks: Vec<Block>,
-}
-
-impl fmt::Debug for AlignedBuf {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "AlignedBuf({} bytes)", self.capacity())
-    }
-}
-
-impl AlignedBuf {
-    /// A buffer of no bytes (allocates nothing; never pooled).
-    pub(crate) fn empty() -> Self {
-        Self { blocks: Vec::new() }
-    }
-
-    fn with_capacity(bytes: usize) -> Self {
-        Self {
-            blocks: vec![Block([0; ALIGN]); bytes.div_ceil(ALIGN).max(1)],
-        }
-    }
-
-    fn capacity(&self) -> usize {
-        self.blocks.len() * ALIGN
-    }
-
-    // The one unsafe block of the library crates: an aligned buffer for
-    // O_DIRECT viewed as bytes.
-    #[allow(unsafe_code)]
-    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.capacity();
-        // SAFETY: `Block` is a plain byte array with no padding, so the
-        // vector's elements are `len` initialised, contiguous bytes owned
-        // by `self` and borrowed mutably for the returned slice's lifetime.
-        unsafe { std::slice::from_raw_parts_mut(self.blocks.as_mut_ptr().cast::<u8>(), len) }
-    }
-}
-
-impl Shared {
-    /// A pooled buffer of at least `len` bytes, or a new one.
-    pub(crate) fn take_buffer(&self, len: usize) -> AlignedBuf {
-        let mut pool = self.buffers.lock();
-        match pool.iter().position(|b| b.capacity() >= len) {
-            Some(i) => pool.swap_remove(i),
-            None => {
-                pool.pop();
-                drop(pool);
-                // Rounded up to a MiB so growing entries reuse buffers.
-                AlignedBuf::with_capacity(len.div_ceil(1 << 20) << 20)
-            }
-        }
-    }
-
-    pub(crate) fn give_back(&self, buf: AlignedBuf) {
-        if buf.capacity() == 0 || buf.capacity() > MAX_POOLED_BYTES {
-            return;
-        }
-        let mut pool = self.buffers.lock();
-        if pool.len() < POOLED_BUFFERS {
-            pool.push(buf);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    // Breaks if buffers stop being 4096-aligned (O_DIRECT writes would fail
-    // with EINVAL and every write would fall back to the page cache).
-    #[test]
-    fn buffers_are_aligned_and_reused() {
-        let shared = Shared::default();
-        let mut buf = shared.take_buffer(ALIGN + 1);
-        assert_eq!(buf.bytes_mut().as_ptr() as usize % ALIGN, 0);
-        assert!(buf.capacity() > ALIGN);
-        let addr = buf.bytes_mut().as_ptr() as usize;
-        shared.give_back(buf);
-        let mut again = shared.take_buffer(100);
-        assert_eq!(
-            again.bytes_mut().as_ptr() as usize,
-            addr,
-            "the pooled buffer is reused"
-        );
-        shared.give_back(again);
-        let big = shared.take_buffer(MAX_POOLED_BYTES + 1);
-        shared.give_back(big);
-        assert!(shared
-            .buffers
-            .lock()
-            .iter()
-            .all(|b| b.capacity() <= MAX_POOLED_BYTES));
-    }
 
     // Breaks if a failed fsync or publish step of a direct write stops
     // counting as "may have landed" (create_object would retry it and

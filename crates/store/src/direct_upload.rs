@@ -35,9 +35,8 @@ use parking_lot::Mutex;
 use rustix::fs::OFlags;
 use tokio::sync::watch;
 
-use crate::direct::{
-    publish_staged, AlignedBuf, DirectStage, Publish, Shared, StageError, ALIGN, STORE_NAME,
-};
+use crate::aligned::{AlignedBuf, ALIGN, POOL};
+use crate::direct::{publish_staged, DirectStage, Publish, Shared, StageError, STORE_NAME};
 
 /// Bytes per direct write of an upload: large enough to be bandwidth-bound,
 /// small enough that a WAL entry queued behind one at the device waits
@@ -82,7 +81,7 @@ impl DirectUpload {
     /// An upload into `file`, created (empty, `O_DIRECT`) at `staged`,
     /// to be published at `dest`.
     pub(crate) fn new(shared: Arc<Shared>, file: File, staged: PathBuf, dest: PathBuf) -> Self {
-        let buf = shared.take_buffer(CHUNK_BYTES);
+        let buf = POOL.take(CHUNK_BYTES);
         Self {
             shared,
             staged: Some(Arc::new(Staged { file, path: staged })),
@@ -225,7 +224,7 @@ impl Drop for DirectUpload {
         self.remove_staged();
         if let Some(mut pending) = self.pending.try_lock() {
             let buf = std::mem::replace(&mut pending.buf, AlignedBuf::empty());
-            self.shared.give_back(buf);
+            POOL.give_back(buf);
         }
     }
 }

@@ -14,6 +14,7 @@
 //! - [`sweep_staged`] removes the staged files a crash left in a local
 //!   store (hidden from LIST, so only the file system shows them).
 
+mod aligned;
 mod classify;
 mod direct;
 mod direct_upload;
@@ -24,6 +25,7 @@ mod retry;
 mod staged;
 mod uri;
 
+pub use aligned::AlignedWriter;
 pub use classify::{http_status, is_sync_failure, is_transient};
 pub use direct::DIRECT_MIN_BYTES;
 pub use error::{StoreError, StoreResult};

@@ -33,29 +33,31 @@ fn direct_upload_bytes() -> u64 {
     counter("memwal_store_direct_upload_bytes_total")
 }
 
-/// The counter `name` in this process (a debugging recorder installed on
-/// first use).
+/// The counter `name`'s total in this process (a debugging recorder
+/// installed on first use). A snapshot drains every counter of the
+/// recorder, so each one's drained values are added up here, under one
+/// lock: tests running at once never see each other's snapshots reset a
+/// counter.
 fn counter(name: &str) -> u64 {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-    static SNAPSHOTTER: std::sync::OnceLock<Snapshotter> = std::sync::OnceLock::new();
-    let snapshotter = SNAPSHOTTER.get_or_init(|| {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static STATE: OnceLock<(Snapshotter, Mutex<HashMap<String, u64>>)> = OnceLock::new();
+    let (snapshotter, totals) = STATE.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
         recorder
             .install()
             .expect("the only recorder of this test binary");
-        snapshotter
+        (snapshotter, Mutex::new(HashMap::new()))
     });
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.key().name() == name)
-        .map(|(.., value)| match value {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum()
+    let mut totals = totals.lock().unwrap();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if let DebugValue::Counter(n) = value {
+            *totals.entry(key.key().name().to_string()).or_default() += n;
+        }
+    }
+    totals.get(name).copied().unwrap_or(0)
 }
 
 /// Distinct bytes (no run an encoding could hide a misplaced block in).
@@ -242,6 +244,39 @@ async fn multi_chunk_payloads_are_written_in_order() {
         store.get(&path).await.unwrap().bytes().await.unwrap(),
         whole
     );
+}
+
+/// Breaks if bytes encoded into an `AlignedWriter` (every WAL entry) are
+/// copied into a staging buffer again before the direct write, or if that
+/// path loses, pads or reorders them.
+#[tokio::test]
+async fn aligned_entries_are_written_without_a_staging_copy() {
+    use std::io::Write;
+    let dir = scratch();
+    let loc = open_store(dir.path().to_str().unwrap()).unwrap();
+    let retry = RetryPolicy::immediate(2);
+    for (i, len) in [(1usize << 20) + 123, 3 << 20].into_iter().enumerate() {
+        let want = payload(len, 80 + i as u64);
+        let mut w = memwal_store::AlignedWriter::with_capacity(1000);
+        for piece in want.chunks(10_007) {
+            w.write_all(piece).unwrap();
+        }
+        let bytes = w.into_bytes();
+        let before = counter("memwal_store_direct_zero_copy_writes_total");
+        let path = loc.child(&format!("wal/{i:04}.arrow"));
+        let out = create_object(loc.store.as_ref(), &path, bytes, &retry)
+            .await
+            .unwrap();
+        assert_eq!(out, CreateOutcome::Created);
+        assert!(
+            counter("memwal_store_direct_zero_copy_writes_total") > before,
+            "{len} bytes were copied before the direct write"
+        );
+        let back = read_object(loc.store.as_ref(), &path, &retry)
+            .await
+            .unwrap();
+        assert_eq!(back.as_deref(), Some(&want[..]), "{len} bytes read back");
+    }
 }
 
 /// Part sizes of a multipart upload: lance's first part (5 MB) plus one,

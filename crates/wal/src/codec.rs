@@ -17,6 +17,7 @@ use arrow_ipc::reader::StreamDecoder;
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{Schema, SchemaRef};
 use bytes::Bytes;
+use memwal_store::AlignedWriter;
 
 use crate::{WalError, WalResult};
 
@@ -117,18 +118,20 @@ pub fn encode_sentinel(epoch: u64) -> Bytes {
 }
 
 fn write_stream(schema: &Schema, batches: &[RecordBatch], capacity: usize) -> WalResult<Bytes> {
-    let encode = || -> Result<Vec<u8>, arrow_schema::ArrowError> {
-        let mut writer = StreamWriter::try_new(Vec::with_capacity(capacity), schema)?;
+    let encode = || -> Result<Bytes, arrow_schema::ArrowError> {
+        // Encoded straight into a pooled aligned buffer: the local store
+        // writes it through O_DIRECT without another copy.
+        let mut writer = StreamWriter::try_new(AlignedWriter::with_capacity(capacity), schema)?;
         for batch in batches {
             writer.write(batch)?;
         }
         writer.finish()?;
-        writer.into_inner()
+        writer.into_inner().map(AlignedWriter::into_bytes)
     };
     // arrow-ipc's stream writer panics instead of erroring on a few
     // malformed arrays; such input must fail its append, not the appender.
     match catch_unwind(AssertUnwindSafe(encode)) {
-        Ok(Ok(buf)) => Ok(Bytes::from(buf)),
+        Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => Err(WalError::invalid(format!(
             "batches do not encode as Arrow IPC: {e}"
         ))),
@@ -321,6 +324,18 @@ mod tests {
         assert_eq!(e.batches, batches);
         assert_eq!(e.schema, batches[0].schema());
         assert_eq!(e.num_rows(), 3);
+    }
+
+    // Breaks if entries stop being encoded into a pooled aligned buffer:
+    // the local store would copy every entry once more (into fresh memory)
+    // before its O_DIRECT write.
+    #[test]
+    fn entries_are_encoded_on_a_block_boundary() {
+        let ids: Vec<i64> = (0..50_000).collect();
+        let batches = vec![batch(&ids), batch(&[1])];
+        let bytes = encode_entry(2, Some(1), &batches).unwrap();
+        assert_eq!(bytes.as_ptr() as usize % 4096, 0);
+        assert_eq!(decode_entry(&bytes).unwrap().batches, batches);
     }
 
     // Breaks if the sentinel is not upstream's shape or does not read back

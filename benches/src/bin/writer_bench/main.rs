@@ -337,6 +337,7 @@ impl Bench {
                 .iter()
                 .map(|t| Variant::Up(Durability::Fsync, *t)),
         );
+        variants.retain(|v| self.args.keep(v));
         let shape = Shape {
             producers: 1,
             rows_per_put: LARGE_ROWS,
