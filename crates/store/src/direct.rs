@@ -37,8 +37,7 @@ use object_store::{
 use parking_lot::Mutex;
 use rustix::fs::OFlags;
 
-pub(crate) use crate::aligned::ALIGN;
-use crate::aligned::{is_aligned, POOL};
+use crate::aligned::{is_aligned, ALIGN, POOL};
 use crate::direct_upload::DirectUpload;
 
 /// Whole-object writes at least this large go through `O_DIRECT`; smaller
