@@ -120,10 +120,12 @@ struct Turn {
     skipped: std::collections::BTreeSet<u64>,
 }
 
-/// Part `seq`'s place in line. Dropped when the part is done, or when its
-/// future is dropped (even unpolled) or panics: the turn then passes on,
-/// so later parts run (and `complete` sees the bytes missing) instead of
-/// waiting forever.
+/// Part `seq`'s place in line. Dropped when the part's bytes are in (by
+/// the blocking task that copies them, so dropping the part's future
+/// while they are copied changes nothing), or when its future is dropped
+/// (even unpolled) before its turn: the turn then passes on, so later
+/// parts run (and `complete` sees the bytes missing) instead of waiting
+/// forever.
 struct TurnGuard {
     turn: Arc<watch::Sender<Turn>>,
     seq: u64,
@@ -167,13 +169,15 @@ impl MultipartUpload for DirectUpload {
             let mut waiting = guard.turn.subscribe();
             // The guard holds the sender: the wait ends.
             let _ = waiting.wait_for(|t| t.next >= seq).await;
-            let written = tokio::task::spawn_blocking(move || {
+            tokio::task::spawn_blocking(move || {
+                // The turn passes on only once this part's bytes are in:
+                // a caller that drops this future now cannot let the next
+                // part's bytes in ahead of them.
+                let _turn = guard;
                 append(&shared, &staged, &mut pending.lock(), &data)
             })
             .await
-            .map_err(generic);
-            drop(guard);
-            written?
+            .map_err(generic)?
         }
         .boxed()
     }
