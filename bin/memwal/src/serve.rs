@@ -205,14 +205,19 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         .map_err(|e| format!("binding {}: {e}", args.listen))?;
     let flight_addr = incoming.local_addr().map_err(|e| e.to_string())?;
     ready.store(true, Ordering::SeqCst);
-    eprintln!(
-        "memwal: serving {} on {scheme}://{flight_addr} http://{http_addr}",
+    // One write of the whole line: `eprintln!` writes its pieces one by
+    // one to unbuffered stderr, so a process aborted meanwhile (an armed
+    // crash point on a background task) would leave half a line that reads
+    // as "serving" without its addresses.
+    let serving = format!(
+        "memwal: serving {} on {scheme}://{flight_addr} http://{http_addr}\n",
         names
             .iter()
             .map(|(n, u)| format!("{n} ({u})"))
             .collect::<Vec<_>>()
             .join(", "),
     );
+    let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), serving.as_bytes());
     let mut flight_stop = stop_rx.clone();
     let flight = server
         .add_service(

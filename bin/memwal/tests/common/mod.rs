@@ -71,7 +71,9 @@ impl Daemon {
         let mut lines = BufReader::new(stderr).lines();
         let line = loop {
             match lines.next() {
-                Some(Ok(l)) if l.contains("serving") => break l,
+                // Complete: it ends with the HTTP address. A daemon that
+                // aborted while writing it leaves a cut line and then EOF.
+                Some(Ok(l)) if l.contains("serving") && l.contains(" http://") => break l,
                 Some(Ok(_)) => continue,
                 _ => return Err(child.wait().expect("wait for the daemon")),
             }
