@@ -60,6 +60,14 @@ fn counter(name: &str) -> u64 {
     totals.get(name).copied().unwrap_or(0)
 }
 
+/// The names of the entries of directory `dir`.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect()
+}
+
 /// Distinct bytes (no run an encoding could hide a misplaced block in).
 fn payload(len: usize, seed: u64) -> Bytes {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -189,10 +197,7 @@ async fn large_writes_create_directories_and_leave_no_staged_files() {
         direct_writes() > before,
         "the write did not go through O_DIRECT"
     );
-    let names: Vec<_> = std::fs::read_dir(dir.path().join("_mem_wal/shard/wal"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let names = names_in(&dir.path().join("_mem_wal/shard/wal"));
     assert_eq!(names, vec!["0001.arrow".to_string()], "no staged file left");
     assert_eq!(
         store.get(&path).await.unwrap().bytes().await.unwrap(),
@@ -325,10 +330,7 @@ async fn multipart_uploads_read_back_exactly_through_o_direct() {
         "{direct} of {} bytes went through O_DIRECT",
         whole.len()
     );
-    let names: Vec<_> = std::fs::read_dir(dir.path().join("_mem_wal/shard/abcd_gen_1/data"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let names = names_in(&dir.path().join("_mem_wal/shard/abcd_gen_1/data"));
     assert_eq!(names, vec!["0.lance".to_string()], "no staged file left");
 
     // A second upload to the same path replaces it (object_store's
@@ -367,10 +369,7 @@ async fn aborted_and_dropped_uploads_leave_nothing() {
             drop(upload);
         }
     }
-    let left: Vec<_> = std::fs::read_dir(dir.path().join("sst"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let left = names_in(&dir.path().join("sst"));
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -401,10 +400,7 @@ async fn a_dropped_part_fails_complete_instead_of_leaving_a_hole() {
         store.head(&path).await.is_err(),
         "nothing is published under the name"
     );
-    let left: Vec<_> = std::fs::read_dir(dir.path().join("holes"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
+    let left = names_in(&dir.path().join("holes"));
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
