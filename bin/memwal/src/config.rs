@@ -24,7 +24,12 @@
 //! shard_idle_secs = 600          # close a shard no rows arrived for this long (0: never)
 //! schema_poll_ms = 5000          # follow a base-table schema change within this (0: on `evolve` only)
 //! query_memory_mib = 512         # one SQL query's memory (RESOURCE_EXHAUSTED past it)
-//! query_timeout_ms = 30000       # one SQL query's time (DEADLINE_EXCEEDED past it)
+//! query_timeout_ms = 30000       # one SQL query's time, planning included (DEADLINE_EXCEEDED past it)
+//! query_total_memory_mib = 1024  # every running query's memory together (RESOURCE_EXHAUSTED past it)
+//! query_max_concurrent = 16      # queries (and statements being prepared) at once (RESOURCE_EXHAUSTED past it)
+//! query_max_sql_bytes = 1048576  # longest SQL statement (INVALID_ARGUMENT past it)
+//! query_max_expr_depth = 1000    # deepest operator nesting of a statement (INVALID_ARGUMENT past it)
+//! query_max_k = 10000            # largest k of vector_search (INVALID_ARGUMENT past it)
 //! token = "…"                    # require `authorization: Bearer …`
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -117,6 +122,22 @@ pub struct ServeConfig {
     /// Milliseconds one SQL query may run; past it the query ends with
     /// DEADLINE_EXCEEDED.
     pub query_timeout_ms: u64,
+    /// Memory every running SQL query together may use, in MiB; a query
+    /// that would take more ends with RESOURCE_EXHAUSTED.
+    pub query_total_memory_mib: usize,
+    /// SQL queries (and statements being planned or prepared) running at
+    /// once; one more is refused with RESOURCE_EXHAUSTED.
+    pub query_max_concurrent: usize,
+    /// Longest SQL statement, in bytes; a longer one is refused with
+    /// INVALID_ARGUMENT before it is parsed.
+    pub query_max_sql_bytes: usize,
+    /// Deepest operator nesting of a SQL statement (a chain of N `OR`s or
+    /// `+`s is N deep); a deeper one is refused with INVALID_ARGUMENT
+    /// before it is parsed.
+    pub query_max_expr_depth: usize,
+    /// Largest `k` of `vector_search`; a larger one is refused with
+    /// INVALID_ARGUMENT.
+    pub query_max_k: usize,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
     /// A file holding the bearer token (its first line): keeps it out of
@@ -155,6 +176,11 @@ impl Default for ServeConfig {
             schema_poll_ms: 5000,
             query_memory_mib: 512,
             query_timeout_ms: 30_000,
+            query_total_memory_mib: 1024,
+            query_max_concurrent: 16,
+            query_max_sql_bytes: 1 << 20,
+            query_max_expr_depth: 1000,
+            query_max_k: 10_000,
             token: None,
             token_file: None,
             tls_cert: None,
@@ -252,6 +278,26 @@ pub struct ServeArgs {
     /// DEADLINE_EXCEEDED [default: 30000].
     #[arg(long)]
     pub query_timeout_ms: Option<u64>,
+    /// Memory every running SQL query together may use, in MiB; past it
+    /// a query ends with RESOURCE_EXHAUSTED [default: 1024].
+    #[arg(long)]
+    pub query_total_memory_mib: Option<usize>,
+    /// SQL queries running at once; one more is refused with
+    /// RESOURCE_EXHAUSTED [default: 16].
+    #[arg(long)]
+    pub query_max_concurrent: Option<usize>,
+    /// Longest SQL statement in bytes; longer: INVALID_ARGUMENT
+    /// [default: 1048576].
+    #[arg(long)]
+    pub query_max_sql_bytes: Option<usize>,
+    /// Deepest operator nesting of a SQL statement; deeper:
+    /// INVALID_ARGUMENT [default: 1000].
+    #[arg(long)]
+    pub query_max_expr_depth: Option<usize>,
+    /// Largest k of vector_search; larger: INVALID_ARGUMENT
+    /// [default: 10000].
+    #[arg(long)]
+    pub query_max_k: Option<usize>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
     /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
@@ -366,6 +412,17 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.query_timeout_ms {
         put("query_timeout_ms", s.into());
     }
+    for (key, value) in [
+        ("query_total_memory_mib", args.query_total_memory_mib),
+        ("query_max_concurrent", args.query_max_concurrent),
+        ("query_max_sql_bytes", args.query_max_sql_bytes),
+        ("query_max_expr_depth", args.query_max_expr_depth),
+        ("query_max_k", args.query_max_k),
+    ] {
+        if let Some(n) = value {
+            put(key, n.into());
+        }
+    }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
@@ -423,6 +480,11 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "schema_poll_ms",
             "query_memory_mib",
             "query_timeout_ms",
+            "query_total_memory_mib",
+            "query_max_concurrent",
+            "query_max_sql_bytes",
+            "query_max_expr_depth",
+            "query_max_k",
             "token",
             "token_file",
             "tls_cert",
@@ -463,6 +525,11 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
         ("max_open_shards", config.max_open_shards == 0),
         ("query_memory_mib", config.query_memory_mib == 0),
         ("query_timeout_ms", config.query_timeout_ms == 0),
+        ("query_total_memory_mib", config.query_total_memory_mib == 0),
+        ("query_max_concurrent", config.query_max_concurrent == 0),
+        ("query_max_sql_bytes", config.query_max_sql_bytes == 0),
+        ("query_max_expr_depth", config.query_max_expr_depth == 0),
+        ("query_max_k", config.query_max_k == 0),
     ] {
         if zero {
             return Err(format!("{key} must be at least 1"));

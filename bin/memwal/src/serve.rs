@@ -199,6 +199,11 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         .with_query_limits(memwal_server::QueryLimits {
             memory_bytes: args.query_memory_mib.saturating_mul(1 << 20),
             timeout: Duration::from_millis(args.query_timeout_ms),
+            total_memory_bytes: args.query_total_memory_mib.saturating_mul(1 << 20),
+            max_concurrent: args.query_max_concurrent,
+            max_sql_bytes: args.query_max_sql_bytes,
+            max_expr_depth: args.query_max_expr_depth,
+            max_k: args.query_max_k,
         });
     let incoming = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -716,3 +716,6 @@ mod schema;
 
 #[path = "daemon/reads.rs"]
 mod reads;
+
+#[path = "daemon/hostile_sql.rs"]
+mod hostile_sql;

@@ -28,29 +28,34 @@ impl TableHost {
     /// its slot (a terminal writer is reopened, on the new schema).
     pub async fn evolve(&self) -> Result<bool, ServerError> {
         let _one = self.evolving.lock().await;
-        self.evolve_locked().await
+        self.evolve_locked(None).await
     }
 
-    /// Moves `w`, just opened and live, onto the schema this host serves
-    /// when they differ: a schema change followed while `w` opened missed
-    /// it (it was not live yet), and a writer behind the host's check
-    /// would refuse both schemas. Under [`Self::evolve`]'s lock, so the
-    /// host's schema cannot move meanwhile; a difference runs a whole
-    /// `evolve` (forward only: everything moves to the base's latest). A
-    /// failure is logged; the next poll retries.
-    pub(crate) async fn catch_up_schema(&self, w: &memwal::ShardWriter) {
+    /// Puts `w`, just opened, into `cell` as live, on the schema this host
+    /// serves: a schema change followed while `w` opened missed it (it was
+    /// not live yet), and a writer behind the host's check would refuse
+    /// puts of both schemas. Under [`Self::evolve`]'s lock from the check
+    /// until `w` is live, so no change can land in between unseen, and no
+    /// put reaches `w` before it follows; a difference runs a whole
+    /// `evolve` that moves `w` too (forward only: everything moves to the
+    /// base's latest). A failure is logged; the next poll retries.
+    pub(crate) async fn go_live(&self, cell: &crate::slots::Cell, w: Arc<memwal::ShardWriter>) {
         let _one = self.evolving.lock().await;
         let serving = self.shape().validator.storage_schema().fields().clone();
-        if w.schema().storage_schema().fields() == &serving {
-            return;
+        if w.schema().storage_schema().fields() != &serving {
+            if let Err(e) = self.evolve_locked(Some(&w)).await {
+                tracing::warn!(table = %self.name(), shard = %w.shard(), error = %e, "a shard opened during a schema change could not follow it");
+            }
         }
-        if let Err(e) = self.evolve_locked().await {
-            tracing::warn!(table = %self.name(), shard = %w.shard(), error = %e, "a shard opened during a schema change could not follow it");
-        }
+        cell.set(crate::slots::Slot::Live(w));
     }
 
-    /// [`Self::evolve`], its lock held.
-    async fn evolve_locked(&self) -> Result<bool, ServerError> {
+    /// [`Self::evolve`], its lock held; `opening` (a writer not live yet)
+    /// follows too.
+    async fn evolve_locked(
+        &self,
+        opening: Option<&Arc<memwal::ShardWriter>>,
+    ) -> Result<bool, ServerError> {
         let lance = LanceStore::new(self.loc.store.clone());
         let base =
             BaseTable::load(&lance, &self.loc.root)
@@ -83,7 +88,9 @@ impl TableHost {
         } else {
             None
         };
-        for w in self.live_writers() {
+        let mut writers = self.live_writers();
+        writers.extend(opening.cloned());
+        for w in writers {
             match w.evolve_to(base.schema.clone()) {
                 Ok(_) => {}
                 // Closed, fenced or failed meanwhile: its slot deals with it.

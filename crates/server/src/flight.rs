@@ -33,7 +33,7 @@ pub struct IngestService {
     tables: Arc<HashMap<String, Arc<TableHost>>>,
     token: Option<Arc<str>>,
     budget: Budget,
-    query_limits: crate::query::QueryLimits,
+    queries: crate::query::Queries,
     cut: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -42,10 +42,13 @@ impl IngestService {
     /// `authorization: Bearer TOKEN`.
     pub fn new(tables: Arc<HashMap<String, Arc<TableHost>>>, token: Option<String>) -> Self {
         Self {
+            queries: crate::query::Queries::new(
+                tables.clone(),
+                crate::query::QueryLimits::default(),
+            ),
             tables,
             token: token.map(Into::into),
             budget: Budget::new(IngestLimits::default()),
-            query_limits: crate::query::QueryLimits::default(),
             cut: tokio::sync::watch::channel(false).1,
         }
     }
@@ -66,7 +69,7 @@ impl IngestService {
 
     /// What one SQL query may use (default: [`crate::QueryLimits::default`]).
     pub fn with_query_limits(mut self, limits: crate::query::QueryLimits) -> Self {
-        self.query_limits = limits;
+        self.queries = crate::query::Queries::new(self.tables.clone(), limits);
         self
     }
 
@@ -169,7 +172,7 @@ impl FlightService for IngestService {
         self.authorize(&request)?;
         if is_command(request.get_ref()) {
             return Ok(Response::new(
-                sql::flight_info(&self.tables, &self.query_limits, request.get_ref()).await?,
+                sql::flight_info(&self.queries, request.get_ref()).await?,
             ));
         }
         let (t, _) = self.target(request.get_ref())?;
@@ -190,7 +193,7 @@ impl FlightService for IngestService {
         self.authorize(&request)?;
         if is_command(request.get_ref()) {
             return Ok(Response::new(schema_result(
-                &sql::schema(&self.tables, &self.query_limits, request.get_ref()).await?,
+                &sql::schema(&self.queries, request.get_ref()).await?,
             )?));
         }
         let (t, delete) = self.target(request.get_ref())?;
@@ -203,7 +206,7 @@ impl FlightService for IngestService {
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         self.authorize(&request)?;
-        sql::do_get(&self.tables, &self.query_limits, request.get_ref())
+        sql::do_get(&self.queries, request.get_ref())
             .await
             .map(Response::new)
     }
@@ -282,14 +285,7 @@ impl FlightService for IngestService {
     ) -> Result<Response<Self::DoActionStream>, Status> {
         self.authorize(&request)?;
         let action = request.into_inner();
-        if let Some(results) = sql::action(
-            &self.tables,
-            &self.query_limits,
-            &action.r#type,
-            &action.body,
-        )
-        .await
-        {
+        if let Some(results) = sql::action(&self.queries, &action.r#type, &action.body).await {
             let results = results?;
             return Ok(Response::new(Box::pin(futures::stream::iter(
                 results.into_iter().map(Ok),

@@ -26,6 +26,7 @@ mod reads;
 mod search;
 mod slots;
 mod sql;
+mod statement;
 mod table;
 mod table_functions;
 

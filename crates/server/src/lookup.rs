@@ -11,9 +11,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
+use arrow_row::{RowConverter, SortField};
 use arrow_schema::SchemaRef;
-use datafusion::arrow::compute::kernels::{boolean, cmp};
 use datafusion::logical_expr::{col, lit, Expr};
 use datafusion::scalar::ScalarValue;
 use futures::TryStreamExt;
@@ -75,15 +75,20 @@ impl TableHost {
             reason: format!("{what}: {e}"),
         };
         let wanted = key_columns(&keys, key_names.len()).map_err(|e| failed("lookup keys", e))?;
+        let wanted = WantedKeys::new(&wanted).map_err(|e| failed("lookup keys", e))?;
         let snapshots = self.snapshots();
         let mut unflushed = Vec::new();
         for s in snapshots.values() {
             for b in &s.batches {
-                if let Some(kept) = rows_with_keys(b, &key_names, &wanted)
+                if let Some(kept) = wanted
+                    .rows_of(b, &key_names)
                     .map_err(|e| failed("filtering unflushed rows", e))?
                 {
                     unflushed.push(kept);
                 }
+                // One batch at a time: a lookup over many unflushed
+                // batches lets other queries run, and its deadline cut it.
+                tokio::task::yield_now().await;
             }
         }
         // A key with an unflushed row (or delete) is answered by it: the
@@ -320,36 +325,62 @@ fn tuples_of(batch: &RecordBatch, key_names: &[String]) -> Result<Vec<Vec<Scalar
         .collect()
 }
 
-/// The rows of `batch` whose key is one of the tuples in `wanted` (one
-/// array per key column); `None` when there are none.
-fn rows_with_keys(
-    batch: &RecordBatch,
-    key_names: &[String],
-    wanted: &[ArrayRef],
-) -> Result<Option<RecordBatch>, String> {
-    let columns = key_names
-        .iter()
-        .map(|k| {
-            batch
-                .column_by_name(k)
-                .ok_or_else(|| format!("an unflushed batch lacks the key column `{k}`"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let tuples = wanted.first().map_or(0, |w| w.len());
-    let mut keep = BooleanArray::from(vec![false; batch.num_rows()]);
-    for i in 0..tuples {
-        let mut hit = BooleanArray::from(vec![true; batch.num_rows()]);
-        for (column, w) in columns.iter().zip(wanted) {
-            let one = arrow_array::Scalar::new(w.slice(i, 1));
-            let eq = cmp::eq(column, &one).map_err(|e| e.to_string())?;
-            hit = boolean::and(&hit, &eq).map_err(|e| e.to_string())?;
+/// Keys looked up, in Arrow's row format: a batch's rows are matched
+/// against them by hashing, one pass over the batch whatever the number
+/// of keys.
+struct WantedKeys {
+    converter: RowConverter,
+    rows: HashSet<Box<[u8]>>,
+}
+
+impl WantedKeys {
+    /// The keys of `wanted` (one array per key column).
+    fn new(wanted: &[ArrayRef]) -> Result<Self, String> {
+        let converter = RowConverter::new(
+            wanted
+                .iter()
+                .map(|c| SortField::new(c.data_type().clone()))
+                .collect(),
+        )
+        .map_err(|e| e.to_string())?;
+        let rows = converter
+            .convert_columns(wanted)
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|r| r.as_ref().into())
+            .collect();
+        Ok(Self { converter, rows })
+    }
+
+    /// The rows of `batch` whose key is wanted; `None` when there are
+    /// none.
+    fn rows_of(
+        &self,
+        batch: &RecordBatch,
+        key_names: &[String],
+    ) -> Result<Option<RecordBatch>, String> {
+        let columns = key_names
+            .iter()
+            .map(|k| {
+                batch
+                    .column_by_name(k)
+                    .cloned()
+                    .ok_or_else(|| format!("an unflushed batch lacks the key column `{k}`"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = self
+            .converter
+            .convert_columns(&columns)
+            .map_err(|e| e.to_string())?;
+        let keep: BooleanArray = rows
+            .iter()
+            .map(|r| Some(self.rows.contains(r.as_ref())))
+            .collect();
+        if keep.true_count() == 0 {
+            return Ok(None);
         }
-        keep = boolean::or(&keep, &hit).map_err(|e| e.to_string())?;
+        arrow_select::filter::filter_record_batch(batch, &keep)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
-    if keep.true_count() == 0 {
-        return Ok(None);
-    }
-    arrow_select::filter::filter_record_batch(batch, &keep)
-        .map(Some)
-        .map_err(|e| e.to_string())
 }

@@ -139,7 +139,10 @@ fn append(
         .tables
         .last()
         .ok_or_else(|| "no memtable to add rows to".to_string())?;
-    let (_, row_offset, position) = table
+    // `append` answers (batch position, row offset, estimated bytes): the
+    // position is what the index counts as indexed, and so what readers see
+    // (taking the size for it once hid every batch past a few hundred).
+    let (position, row_offset, _bytes) = table
         .batch_store
         .append(batch.clone())
         .map_err(|e| format!("buffering unflushed rows: {e}"))?;

@@ -6,7 +6,6 @@
 //! DataFusion still applies them, so a lookup only has to return a
 //! superset of the matching rows.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -19,6 +18,7 @@ use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPu
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::lookup::KeyTuples;
+use crate::query::ReadBudget;
 use crate::TableHost;
 
 /// One served table in one query's session.
@@ -59,26 +59,66 @@ impl HostTable {
 
     /// The key tuples `filter` restricts the table to, when it restricts
     /// every key column to literals (`=`, a non-negated `IN` list, `AND`s
-    /// of those), or is an `OR` of such restrictions.
+    /// of those), or is an `OR` of such restrictions; `None` past
+    /// [`MAX_LOOKUP_KEYS`] tuples. Chains of `OR` and `AND` are walked
+    /// without recursion (a statement's depth is capped before planning,
+    /// `crate::statement`, but nothing here relies on it).
     fn keys_of(&self, filter: &Expr) -> Option<KeyTuples> {
-        if let Expr::BinaryExpr(BinaryExpr {
-            left,
-            op: Operator::Or,
-            right,
-        }) = filter
-        {
-            // DataFusion rewrites a short `IN` list as `OR`ed equalities.
-            let mut keys = self.keys_of(left)?;
-            keys.extend(self.keys_of(right)?);
-            return Some(keys);
+        let mut keys = KeyTuples::new();
+        // DataFusion rewrites a short `IN` list as `OR`ed equalities.
+        for disjunct in operands(filter, Operator::Or) {
+            keys.extend(self.tuples(self.values_of(disjunct)?)?);
+            if keys.len() > MAX_LOOKUP_KEYS {
+                return None;
+            }
         }
-        self.tuples(self.values_of(filter)?)
+        Some(keys)
     }
 
     /// The literal values `filter` restricts key columns to (by key
-    /// position), when it is an equality, an `IN` list, an `OR` of those
-    /// on one column, or an `AND` of those, on key columns only.
+    /// position), when it is an `AND` of equalities, `IN` lists and `OR`s
+    /// of those on one column, on key columns only; `None` past
+    /// [`MAX_LOOKUP_KEYS`] values for a column.
     fn values_of(&self, filter: &Expr) -> Option<ColumnValues> {
+        let disjuncts = operands(filter, Operator::Or);
+        if disjuncts.len() > 1 {
+            // `a IN (1, 2)`, rewritten by DataFusion as `a = 1 OR a = 2`:
+            // every disjunct restricts the same column.
+            let mut column: Option<(usize, Vec<ScalarValue>)> = None;
+            for d in disjuncts {
+                let (at, values) = self.restriction(d)?;
+                match &mut column {
+                    None => column = Some((at, values)),
+                    Some((first, all)) if *first == at => all.extend(values),
+                    Some(_) => return None,
+                }
+                if column
+                    .as_ref()
+                    .is_some_and(|(_, v)| v.len() > MAX_LOOKUP_KEYS)
+                {
+                    return None;
+                }
+            }
+            return column.map(|(at, values)| ColumnValues::from([(at, values)]));
+        }
+        let mut values = ColumnValues::new();
+        for conjunct in operands(filter, Operator::And) {
+            let more = match conjunct {
+                // One level down: its disjuncts must be restrictions.
+                Expr::BinaryExpr(BinaryExpr {
+                    op: Operator::Or, ..
+                }) => self.values_of(conjunct)?,
+                other => ColumnValues::from([self.restriction(other)?]),
+            };
+            values = merge_values(values, more)?;
+        }
+        Some(values)
+    }
+
+    /// The key column (by position) and values `e` restricts it to, when
+    /// it is `column = literal` (either way round) or a non-negated `IN`
+    /// list of at most [`MAX_LOOKUP_KEYS`] literals.
+    fn restriction(&self, e: &Expr) -> Option<(usize, Vec<ScalarValue>)> {
         let key_schema = self.host.key_schema();
         let position = |e: &Expr| match e {
             Expr::Column(c) => key_schema.index_of(&c.name).ok(),
@@ -88,45 +128,20 @@ impl HostTable {
             Expr::Literal(v, _) => Some(v.clone()),
             _ => None,
         };
-        match filter {
+        match e {
             Expr::BinaryExpr(BinaryExpr {
                 left,
                 op: Operator::Eq,
                 right,
-            }) => {
-                let (at, v) = match (position(left), position(right)) {
-                    (Some(at), None) => (at, literal(right)?),
-                    (None, Some(at)) => (at, literal(left)?),
-                    _ => return None,
-                };
-                Some(ColumnValues::from([(at, vec![v])]))
-            }
-            Expr::InList(list) if !list.negated => {
+            }) => match (position(left), position(right)) {
+                (Some(at), None) => Some((at, vec![literal(right)?])),
+                (None, Some(at)) => Some((at, vec![literal(left)?])),
+                _ => None,
+            },
+            Expr::InList(list) if !list.negated && list.list.len() <= MAX_LOOKUP_KEYS => {
                 let at = position(&list.expr)?;
                 let values = list.list.iter().map(literal).collect::<Option<Vec<_>>>()?;
-                Some(ColumnValues::from([(at, values)]))
-            }
-            Expr::BinaryExpr(BinaryExpr {
-                left,
-                op: Operator::And,
-                right,
-            }) => merge_values(self.values_of(left)?, self.values_of(right)?),
-            // `a IN (1, 2)`, rewritten by DataFusion as `a = 1 OR a = 2`.
-            Expr::BinaryExpr(BinaryExpr {
-                left,
-                op: Operator::Or,
-                right,
-            }) => {
-                let (mut l, r) = (self.values_of(left)?, self.values_of(right)?);
-                match (l.len(), r.len()) {
-                    (1, 1) if l.keys().eq(r.keys()) => {
-                        for (at, v) in r {
-                            l.entry(at).or_default().extend(v);
-                        }
-                        Some(l)
-                    }
-                    _ => None,
-                }
+                Some((at, values))
             }
             _ => None,
         }
@@ -177,52 +192,56 @@ fn merge_values(mut a: ColumnValues, b: ColumnValues) -> Option<ColumnValues> {
     Some(a)
 }
 
-/// The bytes one query's table reads may hold, and hold so far.
-#[derive(Debug)]
-pub(crate) struct ReadBudget {
-    used: AtomicUsize,
-    limit: usize,
+/// `e`'s operands under `op`, in order (`a OR b OR c`: `[a, b, c]`;
+/// anything else: `[e]`), flattened with a stack of its own.
+fn operands(e: &Expr, op: Operator) -> Vec<&Expr> {
+    let mut out = Vec::new();
+    let mut pending = vec![e];
+    while let Some(e) = pending.pop() {
+        match e {
+            Expr::BinaryExpr(BinaryExpr { left, op: o, right }) if *o == op => {
+                pending.push(right);
+                pending.push(left);
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
-impl ReadBudget {
-    pub(crate) fn new(limit: usize) -> Self {
-        Self {
-            used: AtomicUsize::new(0),
-            limit,
-        }
-    }
-
-    /// What a table read for a query (`read`, in `schema`) gives the
-    /// query: its failure, or its rows counted against the budget and
-    /// scanned from memory.
-    pub(crate) async fn serve(
-        &self,
-        read: std::result::Result<RecordBatch, crate::ServerError>,
-        schema: &SchemaRef,
-        state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let batch = read.map_err(|e| DataFusionError::External(Box::new(e)))?;
-        self.charge(&batch)
-            .map_err(DataFusionError::ResourcesExhausted)?;
-        MemTable::try_new(schema.clone(), vec![vec![batch]])?
-            .scan(state, projection, &[], limit)
-            .await
-    }
-
-    /// Counts `batch` against the budget; `Err` says it is exceeded.
-    fn charge(&self, batch: &RecordBatch) -> Result<(), String> {
-        let size = batch.get_array_memory_size();
-        let held = self.used.fetch_add(size, Ordering::Relaxed) + size;
-        if held > self.limit {
-            return Err(format!(
-                "the tables this query reads hold {held} bytes, more than its budget of {} bytes",
-                self.limit
-            ));
-        }
-        Ok(())
-    }
+/// What a table read for a query (`read`, in `schema`) gives the query:
+/// its failure, or its rows counted against the query's memory pool
+/// (`budget` holds them until the query ends) and scanned from memory.
+pub(crate) async fn serve(
+    read: std::result::Result<RecordBatch, crate::ServerError>,
+    budget: &ReadBudget,
+    schema: &SchemaRef,
+    state: &dyn Session,
+    projection: Option<&Vec<usize>>,
+    limit: Option<usize>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let batch = read.map_err(|e| DataFusionError::External(Box::new(e)))?;
+    // Read in the table's schema as of now; answered in the schema the
+    // query was planned with (a column added meanwhile is left out, one
+    // dropped meanwhile reads as nulls).
+    let batch = if batch.schema().fields() == schema.fields() {
+        batch
+    } else {
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| crate::read::column_or_nulls(&batch, f))
+            .collect();
+        RecordBatch::try_new(schema.clone(), columns)?
+    };
+    budget.charge(
+        &state.runtime_env().memory_pool,
+        "memwal table read",
+        batch.get_array_memory_size(),
+    )?;
+    MemTable::try_new(schema.clone(), vec![vec![batch]])?
+        .scan(state, projection, &[], limit)
+        .await
 }
 
 #[async_trait]
@@ -261,9 +280,15 @@ impl TableProvider for HostTable {
             Some(keys) => self.host.lookup_keys(&keys).await,
             None => self.host.read_rows().await,
         };
-        self.read_bytes
-            .serve(read, &self.schema, state, projection, limit)
-            .await
+        serve(
+            read,
+            &self.read_bytes,
+            &self.schema,
+            state,
+            projection,
+            limit,
+        )
+        .await
     }
 }
 
@@ -357,6 +382,64 @@ mod tests {
         let got = run("SELECT id, v FROM t WHERE id > 17 ORDER BY id").await;
         assert_eq!(pairs(&got), [(18, "v18".into()), (19, "v19".into())]);
         assert_eq!(host.read_counts(), (2, 2));
+        // `OR`ed `IN` lists naming more than MAX_LOOKUP_KEYS keys in all
+        // are not a lookup (each list alone is under the cap).
+        let list =
+            |r: std::ops::Range<usize>| r.map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        let many = format!(
+            "SELECT id, v FROM t WHERE id IN ({}) OR id IN ({}) ORDER BY id",
+            list(0..3000),
+            list(3000..6000)
+        );
+        let hosts_many = hosts.clone();
+        let got = crate::query::run(&hosts_many, &Default::default(), &many)
+            .await
+            .unwrap()
+            .1;
+        assert_eq!(pairs(&got).len(), 20);
+        assert_eq!(host.read_counts(), (3, 2), "6000 keys: read whole");
+        host.close().await.unwrap();
+    }
+
+    // Breaks if a query planned before a column was added fails when its
+    // table is read after the host followed the change (the read comes in
+    // the new schema, the plan expects the old one).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_query_planned_before_a_schema_change_reads_in_its_planned_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = table(&dir).await;
+        let ids: Vec<i64> = (0..5).collect();
+        let batch = RecordBatch::try_new(
+            host.schema(),
+            vec![
+                Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(
+                    ids.iter().map(|i| format!("v{i}")),
+                )),
+            ],
+        )
+        .unwrap();
+        host.write(&batch, false).await.unwrap();
+        let planned = HostTable::new(host.clone(), Arc::new(ReadBudget::default()));
+        let path = dir.path().join("t");
+        let mut ds = lance::Dataset::open(path.to_str().unwrap()).await.unwrap();
+        let extra = Arc::new(Schema::new(vec![Field::new("extra", DataType::Utf8, true)]));
+        ds.add_columns(
+            lance::dataset::NewColumnTransform::AllNulls(extra),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+        assert!(host.evolve().await.unwrap(), "the host follows the change");
+        assert_eq!(host.schema().fields().len(), 3);
+        let ctx = datafusion::prelude::SessionContext::new();
+        let plan = planned.scan(&ctx.state(), None, &[], None).await.unwrap();
+        let got = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap();
+        assert_eq!(pairs(&got).len(), 5);
+        assert!(got.iter().all(|b| b.num_columns() == 2));
         host.close().await.unwrap();
     }
 

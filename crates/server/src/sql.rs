@@ -87,8 +87,7 @@ fn query_text(cmd: &Command) -> Option<Result<String, Status>> {
 /// `GetFlightInfo` for a command descriptor: `CommandGetSqlInfo`, or a
 /// query (its result schema; the ticket runs it).
 pub(crate) async fn flight_info(
-    tables: &crate::query::Hosts,
-    limits: &crate::query::QueryLimits,
+    queries: &crate::query::Queries,
     descriptor: &FlightDescriptor,
 ) -> Result<FlightInfo, Status> {
     let cmd = command(&descriptor.cmd)?;
@@ -104,7 +103,7 @@ pub(crate) async fn flight_info(
         other => match query_text(other) {
             Some(sql) => {
                 let sql = sql?;
-                let schema = crate::query::plan(tables, limits, &sql).await?;
+                let schema = queries.plan(&sql).await?;
                 let ticket = TicketStatementQuery {
                     statement_handle: Bytes::from(sql.into_bytes()),
                 };
@@ -124,15 +123,14 @@ pub(crate) async fn flight_info(
 
 /// `GetSchema` for a command descriptor.
 pub(crate) async fn schema(
-    tables: &crate::query::Hosts,
-    limits: &crate::query::QueryLimits,
+    queries: &crate::query::Queries,
     descriptor: &FlightDescriptor,
 ) -> Result<arrow_schema::SchemaRef, Status> {
     match command(&descriptor.cmd)? {
         Command::CommandGetSqlInfo(get) => Ok(get.into_builder(sql_info()).schema()),
         Command::CommandGetTables(get) => Ok(get.into_builder().schema()),
         other => match query_text(&other) {
-            Some(sql) => crate::query::plan(tables, limits, &sql?).await,
+            Some(sql) => queries.plan(&sql?).await,
             None => Err(unsupported(&other)),
         },
     }
@@ -140,8 +138,7 @@ pub(crate) async fn schema(
 
 /// `DoGet` of a ticket [`flight_info`] handed out.
 pub(crate) async fn do_get(
-    tables: &crate::query::Hosts,
-    limits: &crate::query::QueryLimits,
+    queries: &crate::query::Queries,
     ticket: &Ticket,
 ) -> Result<futures::stream::BoxStream<'static, Result<FlightData, Status>>, Status> {
     let cmd = command(&ticket.ticket)?;
@@ -156,6 +153,7 @@ pub(crate) async fn do_get(
         }
         Command::CommandGetTables(get) => {
             let mut b = get.clone().into_builder();
+            let tables = queries.hosts();
             let mut names: Vec<&String> = tables.keys().collect();
             names.sort();
             for name in names {
@@ -173,7 +171,7 @@ pub(crate) async fn do_get(
         }
         other => match query_text(other) {
             // Streamed as the query produces it.
-            Some(sql) => crate::query::stream(tables, limits, &sql?).await?,
+            Some(sql) => queries.stream(&sql?).await?,
             None => return Err(unsupported(other)),
         },
     };
@@ -192,8 +190,7 @@ fn one(batch: arrow_array::RecordBatch) -> crate::query::RowStream {
 /// The Flight SQL actions memwal answers (prepared statements), by type;
 /// `None` for any other action type.
 pub(crate) async fn action(
-    tables: &crate::query::Hosts,
-    limits: &crate::query::QueryLimits,
+    queries: &crate::query::Queries,
     kind: &str,
     body: &[u8],
 ) -> Option<Result<Vec<arrow_flight::Result>, Status>> {
@@ -210,7 +207,7 @@ pub(crate) async fn action(
                     .ok_or_else(|| {
                         Status::invalid_argument("CreatePreparedStatement: another message")
                     })?;
-                let schema = crate::query::plan(tables, limits, &req.query).await?;
+                let schema = queries.plan(&req.query).await?;
                 let schema_bytes =
                     arrow_flight::IpcMessage::try_from(arrow_flight::SchemaAsIpc::new(
                         &schema,
@@ -388,8 +385,8 @@ mod tests {
             command(&ticket.ticket).unwrap(),
             Command::CommandGetSqlInfo(_)
         ));
-        let tables = crate::query::Hosts::new();
-        let limits = crate::query::QueryLimits::default();
+        let queries =
+            crate::query::Queries::new(Default::default(), crate::query::QueryLimits::default());
         let query = |q: &str| {
             FlightDescriptor::new_cmd(
                 arrow_flight::sql::CommandStatementQuery {
@@ -400,16 +397,14 @@ mod tests {
                 .encode_to_vec(),
             )
         };
-        let s = schema(&tables, &limits, &query("select 1 as one"))
-            .await
-            .unwrap();
+        let s = schema(&queries, &query("select 1 as one")).await.unwrap();
         assert_eq!(s.field(0).name(), "one");
-        let err = schema(&tables, &limits, &query("select * from nowhere"))
+        let err = schema(&queries, &query("select * from nowhere"))
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err}");
         assert!(err.message().contains("nowhere"), "{err}");
-        let err = schema(&tables, &limits, &query("create table x (a int)"))
+        let err = schema(&queries, &query("create table x (a int)"))
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{err}");
@@ -418,7 +413,7 @@ mod tests {
                 .as_any()
                 .encode_to_vec(),
         );
-        let err = schema(&tables, &limits, &catalogs).await.unwrap_err();
+        let err = schema(&queries, &catalogs).await.unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented);
     }
 }

@@ -512,8 +512,7 @@ impl TableHost {
                 let w = Arc::new(w);
                 // Tests hold a shard here, opened but not yet live.
                 memwal_store::crash_point("server::shard_opened");
-                cell.set(Slot::Live(w.clone()));
-                self.catch_up_schema(&w).await;
+                self.go_live(&cell, w.clone()).await;
                 Ok(Some(w))
             }
             Err(ServerError::Writer { source, .. }) => {

@@ -32,15 +32,17 @@ use crate::TableHost;
 /// `vector_search(table, column, vector, k)`.
 #[derive(Debug)]
 pub(crate) struct VectorSearch {
-    pub(crate) hosts: Hosts,
-    pub(crate) read_bytes: Arc<crate::provider::ReadBudget>,
+    pub(crate) hosts: Arc<Hosts>,
+    pub(crate) read_bytes: Arc<crate::query::ReadBudget>,
+    /// The largest `k` served (`query_max_k`).
+    pub(crate) max_k: usize,
 }
 
 /// `fts(table, column, query [, limit])`.
 #[derive(Debug)]
 pub(crate) struct FullText {
-    pub(crate) hosts: Hosts,
-    pub(crate) read_bytes: Arc<crate::provider::ReadBudget>,
+    pub(crate) hosts: Arc<Hosts>,
+    pub(crate) read_bytes: Arc<crate::query::ReadBudget>,
 }
 
 fn text(f: &str, e: &Expr, what: &str) -> Result<String> {
@@ -85,7 +87,15 @@ impl TableFunctionImpl for VectorSearch {
             request: Request::Nearest {
                 column: text(F, column, "the column")?,
                 vector,
-                k: count(F, k, "k")?,
+                k: match count(F, k, "k")? {
+                    k if k > self.max_k => {
+                        return plan_err!(
+                            "vector_search: k = {k} is more than query_max_k = {}",
+                            self.max_k
+                        )
+                    }
+                    k => k,
+                },
             },
             read_bytes: self.read_bytes.clone(),
         }))
@@ -138,7 +148,7 @@ struct Search {
     host: Arc<TableHost>,
     schema: SchemaRef,
     request: Request,
-    read_bytes: Arc<crate::provider::ReadBudget>,
+    read_bytes: Arc<crate::query::ReadBudget>,
 }
 
 #[async_trait]
@@ -168,8 +178,14 @@ impl TableProvider for Search {
                 limit,
             } => self.host.full_text(column, query, *limit).await,
         };
-        self.read_bytes
-            .serve(found, &self.schema, state, projection, limit)
-            .await
+        crate::provider::serve(
+            found,
+            &self.read_bytes,
+            &self.schema,
+            state,
+            projection,
+            limit,
+        )
+        .await
     }
 }

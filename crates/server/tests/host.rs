@@ -927,3 +927,6 @@ mod lookup;
 
 #[path = "host/search.rs"]
 mod search;
+
+#[path = "host/small_puts.rs"]
+mod small_puts;

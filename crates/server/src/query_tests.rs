@@ -1,0 +1,223 @@
+//! The query limits ([`QueryLimits`]) and what a cut query leaves behind.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use futures::{StreamExt, TryStreamExt};
+use tonic::Code;
+
+use super::*;
+
+/// A bucket-sharded table `t` (`id` key, `v` text) holding `rows` rows.
+async fn table(dir: &tempfile::TempDir, rows: i64) -> Arc<Hosts> {
+    let path = dir.path().join("t").to_str().unwrap().to_string();
+    let loc = memwal_store::open_store(&path).unwrap();
+    let key = Field::new("id", DataType::Int64, false).with_metadata(
+        [(
+            memwal_memtable::PRIMARY_KEY_KEY.to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    let schema = Arc::new(Schema::new(vec![
+        key,
+        Field::new("v", DataType::Utf8, true),
+    ]));
+    let sharding = memwal_compactor::TableSharding::Bucket {
+        column: "id".into(),
+        buckets: 2,
+    };
+    memwal_compactor::create_table(&loc, schema, &sharding)
+        .await
+        .unwrap();
+    let host = Arc::new(
+        TableHost::open("t", loc, memwal::ShardWriterConfig::default())
+            .await
+            .unwrap(),
+    );
+    let ids: Vec<i64> = (0..rows).collect();
+    for chunk in ids.chunks(10_000) {
+        let batch = RecordBatch::try_new(
+            host.schema(),
+            vec![
+                Arc::new(Int64Array::from(chunk.to_vec())) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(
+                    chunk.iter().map(|i| format!("value {i:>20}")),
+                )),
+            ],
+        )
+        .unwrap();
+        host.write(&batch, false).await.unwrap();
+    }
+    Arc::new(HashMap::from([("t".to_string(), host)]))
+}
+
+async fn all(queries: &Queries, sql: &str) -> Result<Vec<RecordBatch>, Status> {
+    queries.stream(sql).await?.1.try_collect().await
+}
+
+fn count(batches: &[RecordBatch]) -> i64 {
+    use arrow_array::cast::AsArray;
+    batches
+        .iter()
+        .map(|b| {
+            b.column(0)
+                .as_primitive::<arrow_array::types::Int64Type>()
+                .value(0)
+        })
+        .sum()
+}
+
+fn refused(r: Result<Vec<RecordBatch>, Status>, code: Code, naming: &str) {
+    match r {
+        Ok(b) => panic!("expected {code:?} naming {naming}, got {} batches", b.len()),
+        Err(e) => assert!(
+            e.code() == code && e.message().contains(naming),
+            "expected {code:?} naming {naming}: {e}"
+        ),
+    }
+}
+
+// Breaks if a statement past the size or depth cap reaches the parser
+// (or crashes it), if `vector_search`'s k is unbounded, or if a statement
+// at the depth cap does not plan and run on the query threads' stacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statements_past_their_caps_are_refused_and_those_within_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = table(&dir, 1000).await;
+    let limits = QueryLimits {
+        max_sql_bytes: 64 << 10,
+        ..Default::default()
+    };
+    let queries = Queries::new(hosts.clone(), limits);
+    let long = format!("SELECT '{}'", "x".repeat(64 << 10));
+    refused(
+        all(&queries, &long).await,
+        Code::InvalidArgument,
+        "query_max_sql_bytes",
+    );
+    refused(
+        queries.plan(&long).await.map(|_| vec![]),
+        Code::InvalidArgument,
+        "query_max_sql_bytes",
+    );
+    let deep = format!("SELECT 1{}", "+1".repeat(20_000));
+    refused(
+        all(&queries, &deep).await,
+        Code::InvalidArgument,
+        "query_max_expr_depth",
+    );
+    // A chain of ORs at the cap (1000 - 1: `=` and `OR` per key) plans,
+    // runs as a lookup and answers.
+    let ors: Vec<String> = (0..500).map(|i| format!("id = {}", i * 2)).collect();
+    let chain = format!("SELECT count(*) FROM t WHERE {}", ors.join(" OR "));
+    assert_eq!(crate::statement::check(&chain, 1 << 20, 1000), Ok(()));
+    assert_eq!(count(&all(&queries, &chain).await.unwrap()), 500);
+    // So does an arithmetic chain 999 deep.
+    let sum = format!("SELECT 1{} AS n", "+1".repeat(999));
+    let got = all(&queries, &sum).await.unwrap();
+    assert_eq!(count(&got), 1000);
+    // vector_search's k is capped (before the column is even looked at).
+    let search = "SELECT * FROM vector_search('t', 'v', '0.1,0.2', 10001)";
+    refused(
+        all(&queries, search).await,
+        Code::InvalidArgument,
+        "query_max_k",
+    );
+}
+
+// Breaks if the concurrency cap is not enforced, or if a query cut by its
+// deadline (or abandoned by its reader) keeps its slot or its memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_or_abandoned_query_gives_back_its_slot_and_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = table(&dir, 1000).await;
+    let limits = QueryLimits {
+        max_concurrent: 1,
+        timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let queries = Queries::new(hosts, limits);
+    let endless = "SELECT value FROM generate_series(1, 1000000000000)";
+    let (_, mut rows) = queries.stream(endless).await.unwrap();
+    assert!(rows.next().await.unwrap().is_ok());
+    // It holds the one slot: the next statement is refused, unparsed.
+    refused(
+        queries.plan("SELECT 1").await.map(|_| vec![]),
+        Code::ResourceExhausted,
+        "query_max_concurrent",
+    );
+    // Past its deadline it ends with DEADLINE_EXCEEDED.
+    let ended = loop {
+        match rows.next().await {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => break e,
+            None => panic!("an endless query ended cleanly"),
+        }
+    };
+    assert_eq!(ended.code(), Code::DeadlineExceeded, "{ended}");
+    drop(rows);
+    // Its task is cancelled: the slot comes back and the next query runs.
+    let next = admitted(&queries, "SELECT count(*) FROM t").await;
+    assert_eq!(count(&next), 1000);
+    // A reader that walks away cancels its query too.
+    let (_, mut rows) = queries.stream(endless).await.unwrap();
+    assert!(rows.next().await.unwrap().is_ok());
+    drop(rows);
+    let next = admitted(&queries, "SELECT count(*) FROM t").await;
+    assert_eq!(count(&next), 1000);
+    assert_eq!(queries.reserved(), 0, "every query's memory is given back");
+}
+
+/// `sql`'s rows once a slot is free (a cancelled query's task lets its
+/// slot go as soon as the query runtime drops it).
+async fn admitted(queries: &Queries, sql: &str) -> Vec<RecordBatch> {
+    for _ in 0..500 {
+        match all(queries, sql).await {
+            Err(e) if e.code() == Code::ResourceExhausted => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            other => return other.unwrap(),
+        }
+    }
+    panic!("a cancelled query kept its slot for 5 s");
+}
+
+// Breaks if queries together may take more than the shared memory budget,
+// or if a query may spill to disk instead of staying within its budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_memory_budget_binds_every_query_and_nothing_spills() {
+    let dir = tempfile::tempdir().unwrap();
+    // ~3 MiB of rows, read whole by a non-key query.
+    let hosts = table(&dir, 30_000).await;
+    let limits = QueryLimits {
+        memory_bytes: 64 << 20,
+        total_memory_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let queries = Queries::new(hosts.clone(), limits);
+    refused(
+        all(&queries, "SELECT count(*) FROM t WHERE v LIKE '%1'").await,
+        Code::ResourceExhausted,
+        "query_total_memory_mib",
+    );
+    assert_eq!(queries.reserved(), 0);
+    // A sort over more than its budget fails instead of spilling.
+    let limits = QueryLimits {
+        memory_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let queries = Queries::new(hosts, limits);
+    let sort = "SELECT max(r) FROM (SELECT row_number() OVER (ORDER BY value DESC) AS r \
+                FROM generate_series(1, 2000000))";
+    let r = all(&queries, sort).await;
+    assert!(
+        matches!(&r, Err(e) if e.code() == Code::ResourceExhausted),
+        "{:?}",
+        r.map(|b| b.len())
+    );
+    assert_eq!(queries.reserved(), 0);
+}
