@@ -247,18 +247,18 @@ async fn base_rows(
 ) -> Result<Vec<RecordBatch>, String> {
     let filter = match key_names {
         [one] => col(one.as_str()).in_list(keys.iter().map(|k| lit(k[0].clone())).collect(), false),
-        _ => keys
-            .iter()
-            .map(|k| {
-                key_names
-                    .iter()
-                    .zip(k)
-                    .map(|(n, v)| col(n.as_str()).eq(lit(v.clone())))
-                    .reduce(Expr::and)
-                    .unwrap_or_else(|| lit(false))
-            })
-            .reduce(Expr::or)
-            .unwrap_or_else(|| lit(false)),
+        _ => any_of(
+            keys.iter()
+                .map(|k| {
+                    key_names
+                        .iter()
+                        .zip(k)
+                        .map(|(n, v)| col(n.as_str()).eq(lit(v.clone())))
+                        .reduce(Expr::and)
+                        .unwrap_or_else(|| lit(false))
+                })
+                .collect(),
+        ),
     };
     let mut scanner = base.scan();
     scanner.filter_expr(filter);
@@ -269,6 +269,25 @@ async fn base_rows(
         .try_collect()
         .await
         .map_err(|e| e.to_string())
+}
+
+/// `exprs` `OR`ed as a balanced tree (`false` for none): its depth grows
+/// with the log of their number, so a lookup of many composite keys never
+/// hands the base's planner (which walks a filter recursively) a chain as
+/// deep as the keys are many.
+fn any_of(mut exprs: Vec<Expr>) -> Expr {
+    while exprs.len() > 1 {
+        let mut paired = Vec::with_capacity(exprs.len().div_ceil(2));
+        let mut rest = exprs.into_iter();
+        while let Some(a) = rest.next() {
+            paired.push(match rest.next() {
+                Some(b) => a.or(b),
+                None => a,
+            });
+        }
+        exprs = paired;
+    }
+    exprs.pop().unwrap_or_else(|| lit(false))
 }
 
 /// `keys` cast to the key columns' types; tuples with a null left out.

@@ -163,7 +163,15 @@ async fn a_cut_or_abandoned_query_gives_back_its_slot_and_memory() {
     // Its task is cancelled: the slot comes back and the next query runs.
     let next = admitted(&queries, "SELECT count(*) FROM t").await;
     assert_eq!(count(&next), 1000);
-    // A reader that walks away cancels its query too.
+    // A reader that walks away cancels its query too, long before its
+    // deadline.
+    let queries = Queries::new(
+        queries.hosts.clone(),
+        QueryLimits {
+            timeout: Duration::from_secs(600),
+            ..limits
+        },
+    );
     let (_, mut rows) = queries.stream(endless).await.unwrap();
     assert!(rows.next().await.unwrap().is_ok());
     drop(rows);

@@ -209,3 +209,25 @@ async fn composite_key_lookups_agree_with_whole_reads_across_every_level() {
     );
     host.close().await.unwrap();
 }
+
+// Breaks if a lookup of many composite keys that reach the base hands its
+// planner a chain of `OR`s as deep as the keys are many: 20,000 keys
+// overflowed the stack and aborted the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_of_many_composite_keys_reads_the_base_without_a_deep_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = composite_table(&dir).await;
+    let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let rows: Vec<(i64, &str, &str)> = (0..100).map(|a| (a, "x", "v1")).collect();
+    host.write(&composite(&rows), false).await.unwrap();
+    host.flush().await.unwrap();
+    compact(&loc).await;
+    let keys: Vec<Vec<ScalarValue>> = (0..20_000)
+        .map(|a| vec![ScalarValue::Int64(Some(a)), ScalarValue::from("x")])
+        .collect();
+    let got = composite_map(&host.lookup_keys(&keys).await.unwrap());
+    assert_eq!(got.len(), 100);
+    host.close().await.unwrap();
+}
