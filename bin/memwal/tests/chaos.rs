@@ -11,6 +11,12 @@
 //! once and never older than an ack, refused writes absent and a zombie's
 //! acks durable).
 //!
+//! Reads run during the run too: through the daemon being written (while
+//! its client writes), through a daemon just restarted, and through a
+//! zombie once it resumed (after its successor flushed). Each must show a
+//! state the history allows (`memwal_testkit::reads`: every write
+//! acknowledged before it began, nothing refused, nothing older).
+//!
 //! Each invariant's check is also run against a daemon deliberately broken
 //! in a way only that check catches (`memwal_store::broken`):
 //! `each_broken_daemon_is_caught`.
@@ -36,6 +42,7 @@ use rand::{Rng, SeedableRng};
 
 use common::*;
 use memwal_testkit::invariants::{check, Op, Outcome, View, Violation};
+use memwal_testkit::reads::{check_read, ReadWindow};
 
 /// Keys written (over all four buckets).
 const KEYS: i64 = 64;
@@ -166,6 +173,53 @@ async fn client_run(
         if r.is_err() {
             return;
         }
+    }
+}
+
+/// One read taken during a run, judged at its end.
+struct Read {
+    /// Which daemon answered, and when.
+    through: String,
+    window: ReadWindow,
+    view: View,
+}
+
+/// Reads the table through `d` (SQL over Flight), in a window over
+/// `history`; `None` when the read is refused or the daemon is gone (a
+/// refused read shows nothing and breaks nothing).
+async fn read_through(d: &Daemon, through: String, history: &History) -> Option<Read> {
+    let window = ReadWindow::open(&history.ops.lock().unwrap());
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        sql_rows(&d.flight, "SELECT id, v FROM t"),
+    )
+    .await;
+    let batches = read.ok()?.ok()?;
+    Some(Read {
+        through,
+        window: window.close(history.seq.load(Ordering::SeqCst)),
+        view: rows_of(&batches),
+    })
+}
+
+/// The contradictions of every read in `reads` with `ops`.
+fn read_violations(reads: &[Read], ops: &[Op]) -> Vec<String> {
+    reads
+        .iter()
+        .flat_map(|r| {
+            check_read(&r.view, &r.window, ops, 0..KEYS)
+                .into_iter()
+                .map(move |v| format!("read through {}: rule {}: {v}", r.through, v.rule()))
+        })
+        .collect()
+}
+
+/// A flush action through `d`; whether it succeeded.
+async fn flush_through(d: &Daemon) -> bool {
+    let mut c = client(&d.flight, None).await;
+    match c.do_action(arrow_flight::Action::new("flush", "t")).await {
+        Ok(s) => s.try_collect::<Vec<_>>().await.is_ok(),
+        Err(_) => false,
     }
 }
 
@@ -421,6 +475,7 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
     let mut started = 0u32;
     let mut hits: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut zombie_errors: Vec<String> = Vec::new();
+    let mut reads: Vec<Read> = Vec::new();
 
     // Every bucket gets its shard before any zombie exists: two daemons
     // each creating a shard for the same bucket is outside what this run
@@ -457,6 +512,8 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
             flushes.clone(),
         ));
         acks_reach(&history, kill_after, &client).await;
+        // A read while the client writes.
+        reads.extend(read_through(&current, format!("daemon {started}, writing"), &history).await);
         if rng.random_ratio(1, 5) {
             // A zombie: paused while it may have a write in flight, a
             // successor takes over and writes, then the zombie resumes.
@@ -504,6 +561,17 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
                     "daemon {zombie}, resumed after its successor took over, acknowledged {asked_acks:?}"
                 ));
             }
+            // Reads through the successor, and through the zombie once
+            // the successor published everything acknowledged (a shard
+            // another daemon holds is read as published).
+            reads.extend(
+                read_through(&successor, format!("daemon {started}, successor"), &history).await,
+            );
+            if flush_through(&successor).await {
+                reads.extend(
+                    read_through(&current, format!("daemon {zombie}, a zombie"), &history).await,
+                );
+            }
             stats.zombie_acks += history
                 .ops
                 .lock()
@@ -523,6 +591,10 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
             }
             let _ = client.await;
             (current, armed) = start_daemon(&table, &mut started, &mut rng, &mut hits);
+            // A read through the daemon just started (its replay).
+            reads.extend(
+                read_through(&current, format!("daemon {started}, restarted"), &history).await,
+            );
         }
         stats.kills += 1;
         if rng.random_ratio(1, 4) {
@@ -558,6 +630,7 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
     let count = |o: Outcome| ops.iter().filter(|op| op.outcome == o).count();
     let mut errors = violations(&view_rows(&table).await, &ops, "reader view");
     errors.extend(zombie_errors);
+    errors.extend(read_violations(&reads, &ops));
     // The reader view dedups by key: a key twice inside one SSTable shows
     // only in the raw data.
     errors.extend(sstable_duplicates(&table).await);
@@ -572,7 +645,7 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
     eprintln!(
         "chaos: {} iterations, {} kills ({} as zombies, {} zombie acks around or after the pause), {} daemons, \
          {} writes ({} acked, {} unknown, {} refused), {} flushes, {} compactions, {} gcs; \
-         crash points hit {:?}; invariants {}",
+         crash points hit {:?}; {} reads; invariants {}",
         stats.iterations,
         stats.kills,
         stats.zombies,
@@ -586,6 +659,7 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
         stats.compactions,
         stats.gcs,
         hits,
+        reads.len(),
         if errors.is_empty() {
             "held"
         } else {
@@ -785,6 +859,63 @@ async fn each_broken_daemon_is_caught() {
             assert!(
                 found.iter().any(|v| named(v) == invariant),
                 "{bug}: invariant {invariant} not reported; found {found:?} (view {view:?}, ops {ops:?})"
+            );
+            eprintln!("broken: {bug}: caught: {}", found[0]);
+        }
+    }
+}
+
+/// Rule 1's bug through a fenced daemon: its memtable served after another
+/// daemon took its shards over, overwrote and published.
+async fn script_fenced_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
+    let mut s = Script::new();
+    let fenced = s.daemon(if broken {
+        "broken::read_fenced_memtable=return"
+    } else {
+        ""
+    });
+    assert_eq!(s.put(&fenced, 1, 1, "a", 10_000).await, Outcome::Acked);
+    // The successor claims every shard at its start.
+    let successor = s.daemon("");
+    assert_eq!(s.put(&successor, 2, 1, "b", 10_000).await, Outcome::Acked);
+    s.flush(&successor).await;
+    let window = ReadWindow::open(&s.ops);
+    let batches = sql_rows(&fenced.flight, "SELECT id, v FROM t")
+        .await
+        .unwrap();
+    let read = Read {
+        through: "the fenced daemon".into(),
+        window: window.close(s.ops.len() as u64),
+        view: rows_of(&batches),
+    };
+    fenced.stop();
+    successor.stop_ok();
+    (s.ops.clone(), vec![read])
+}
+
+// Breaks if the read checks stop catching a daemon that serves a fenced
+// writer's memtable, or if the script stops provoking it (a sound daemon
+// must pass the same script).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_broken_read_is_caught() {
+    for broken in [false, true] {
+        let cases = [(
+            1,
+            "a fenced daemon's memtable served",
+            script_fenced_read(broken).await,
+        )];
+        for (rule, bug, (ops, reads)) in cases {
+            let found: Vec<_> = reads
+                .iter()
+                .flat_map(|r| check_read(&r.view, &r.window, &ops, 0..KEYS))
+                .collect();
+            if !broken {
+                assert!(found.is_empty(), "sound daemons, {bug} script: {found:?}");
+                continue;
+            }
+            assert!(
+                found.iter().any(|v| v.rule() == rule),
+                "{bug}: rule {rule} not reported; found {found:?}"
             );
             eprintln!("broken: {bug}: caught: {}", found[0]);
         }

@@ -4,7 +4,8 @@
 //! refusals) for hooks to inject, and
 //! [`s3_test_location`] for tests that run against a real S3-compatible
 //! server (see [`s3`] for the environment it reads), and the durability
-//! [`invariants`] every reliability test checks its runs against.
+//! [`invariants`] every reliability test checks its runs against, and
+//! what a read taken while writes run may show ([`reads`]).
 //!
 //! Faults are decided by a hook the test installs; nothing here sleeps or
 //! depends on timing unless a hook asks for a delay.
@@ -13,6 +14,7 @@ mod errors;
 mod fault_store;
 mod gate;
 pub mod invariants;
+pub mod reads;
 pub mod s3;
 
 pub use errors::{http_status_error, local_rename_error, local_sync_error, permission_denied};

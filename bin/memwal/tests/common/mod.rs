@@ -345,3 +345,42 @@ pub fn run_python(python: &str, script: &str, args: &[&str]) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A Flight SQL client of the daemon at `addr`, sending and receiving
+/// messages of any size.
+pub async fn sql_client(
+    addr: &str,
+) -> arrow_flight::sql::client::FlightSqlServiceClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect to the daemon");
+    arrow_flight::sql::client::FlightSqlServiceClient::new_from_inner(
+        arrow_flight::flight_service_client::FlightServiceClient::new(channel)
+            .max_encoding_message_size(usize::MAX)
+            .max_decoding_message_size(usize::MAX),
+    )
+}
+
+/// The rows `sql` returns through the daemon at `addr` (Flight SQL), or
+/// the status the query (or the connection) ended with.
+pub async fn sql_rows(addr: &str, sql: &str) -> Result<Vec<RecordBatch>, tonic::Status> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut c = arrow_flight::sql::client::FlightSqlServiceClient::new(channel);
+    let info = c.execute(sql.to_string(), None).await.map_err(status)?;
+    let ticket = info.endpoint[0]
+        .ticket
+        .clone()
+        .ok_or_else(|| tonic::Status::internal("no ticket"))?;
+    c.do_get(ticket)
+        .await
+        .map_err(status)?
+        .try_collect()
+        .await
+        .map_err(status)
+}

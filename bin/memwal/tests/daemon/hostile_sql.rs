@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::sql::client::FlightSqlServiceClient;
 use futures::TryStreamExt;
 use tonic::transport::Channel;
@@ -15,31 +14,9 @@ use tonic::Code;
 
 use crate::common::*;
 
-async fn sql_client(addr: &str) -> FlightSqlServiceClient<Channel> {
-    let channel = Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    FlightSqlServiceClient::new_from_inner(
-        FlightServiceClient::new(channel)
-            .max_encoding_message_size(usize::MAX)
-            .max_decoding_message_size(usize::MAX),
-    )
-}
-
 /// The one int64 value `sql` returns, or the status it ended with.
 async fn scalar(addr: &str, sql: &str) -> Result<i64, tonic::Status> {
-    let mut c = sql_client(addr).await;
-    let info = c.execute(sql.to_string(), None).await.map_err(status)?;
-    let ticket = info.endpoint[0].ticket.clone().unwrap();
-    let batches: Vec<_> = c
-        .do_get(ticket)
-        .await
-        .map_err(status)?
-        .try_collect()
-        .await
-        .map_err(status)?;
+    let batches = sql_rows(addr, sql).await?;
     let values: Vec<i64> = batches
         .iter()
         .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
