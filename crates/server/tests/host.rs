@@ -927,3 +927,6 @@ mod lookup;
 
 #[path = "host/search.rs"]
 mod search;
+
+#[path = "host/isolation.rs"]
+mod isolation;
