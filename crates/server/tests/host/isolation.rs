@@ -112,7 +112,11 @@ async fn a_fenced_host_reads_the_new_owners_state() {
     // only published, a deleted key, a missing one.
     let probe = [0, 1, 5, 7, 12, 19, 22, 30, 35, 99];
     let got = as_map(&a.lookup_rows(&keys(&probe)).await.unwrap());
-    assert_eq!(got, only(&model, &probe), "a lookup through the fenced host");
+    assert_eq!(
+        got,
+        only(&model, &probe),
+        "a lookup through the fenced host"
+    );
     assert_eq!(
         as_map(&a.read_rows().await.unwrap()),
         model,
@@ -120,7 +124,11 @@ async fn a_fenced_host_reads_the_new_owners_state() {
     );
     let low = datafusion::prelude::col("id").lt(datafusion::prelude::lit(20i64));
     let got = as_map(&a.scan(Some(low), None, None).await.unwrap());
-    assert_eq!(got, only(&model, &ids[..20]), "a scan through the fenced host");
+    assert_eq!(
+        got,
+        only(&model, &ids[..20]),
+        "a scan through the fenced host"
+    );
     // A read found the takeover: A's shards are lost (puts refused).
     let lost = a
         .status()
@@ -206,7 +214,12 @@ async fn a_failed_put_is_never_read_and_a_down_shard_refuses_reads_until_reopene
     // Healed and reopened (after its backoff): every acked row is read.
     faults.clear_hook();
     tokio::time::sleep(std::time::Duration::from_millis(retry_in + 1)).await;
-    assert_eq!(host.reopen_down_shards().await, 0, "{:?}", host.down_shards());
+    assert_eq!(
+        host.reopen_down_shards().await,
+        0,
+        "{:?}",
+        host.down_shards()
+    );
     assert_eq!(as_map(&host.read_rows().await.unwrap()), model);
     assert_eq!(
         as_map(&host.lookup_rows(&keys(&[1, 2])).await.unwrap()),
@@ -274,13 +287,13 @@ async fn an_idle_shard_is_read_while_it_closes_and_puts_wait_for_it() {
         tokio::spawn(async move { host.close_idle_shards().await })
     };
     gate.wait_arrived(1).await;
-    let status = host.status().await;
-    assert_eq!(status[0].state, "closing", "{status:?}");
     assert_eq!(
         as_map(&host.read_rows().await.unwrap()),
         model,
         "read while closing"
     );
+    let status = host.status().await;
+    assert_eq!(status[0].state, "closing", "{status:?}");
     assert_eq!(
         as_map(&host.lookup_rows(&keys(&[0, 6, 9])).await.unwrap()),
         only(&model, &[0, 6, 9]),
@@ -318,10 +331,10 @@ async fn a_failed_idle_close_leaves_the_shard_down_until_a_put_reopens_it() {
     let shard = host.status().await[0].shard.clone();
     on_sstable_writes(&faults, refused);
     assert_eq!(host.close_idle_shards().await, 1);
-    let status = host.status().await;
-    assert_eq!(status[0].state, "down", "{status:?}");
     assert_unavailable(host.read_rows().await, &shard, "a whole read");
     assert_unavailable(host.lookup_rows(&keys(&[0])).await, &shard, "a lookup");
+    let status = host.status().await;
+    assert_eq!(status[0].state, "down", "{status:?}");
 
     // The next put reopens it at once (a new claim, a replay of its WAL).
     faults.clear_hook();

@@ -76,7 +76,10 @@ async fn a_snapshot_shows_only_acknowledged_rows() {
     let again = t.open(config()).await.unwrap();
     let mut read = t.read_published(&table_schema(&again)).await;
     apply(&mut read, &again.read_snapshot().unwrap().batches);
-    assert_eq!(read, acked, "the next writer replays exactly the acked rows");
+    assert_eq!(
+        read, acked,
+        "the next writer replays exactly the acked rows"
+    );
     again.close().await.unwrap();
 }
 
