@@ -868,6 +868,9 @@ impl TableHost {
     /// Closes every served shard at once (flush, publish, stop), each
     /// bounded by the writer's `close_timeout`, reporting the first failure
     /// after trying all. Rows a failed close could not flush stay in the WAL.
+    /// A writer found fenced (another writer took the shard over, and
+    /// replayed its acknowledged rows) is not a failure: the takeover is
+    /// logged and the shard marked lost.
     pub async fn close(&self) -> Result<(), ServerError> {
         self.closing
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -876,11 +879,23 @@ impl TableHost {
         for (key, _) in self.slots.snapshot() {
             let _ = self.slots.cell(&key).opening.lock().await;
         }
-        let live = self.live_writers();
-        let results = futures::future::join_all(live.iter().map(|w| w.close())).await;
+        let live: Vec<(ShardKey, Arc<ShardWriter>)> = self
+            .slots
+            .snapshot()
+            .into_iter()
+            .filter_map(|(key, slot)| match slot {
+                Slot::Live(w) => Some((key, w)),
+                _ => None,
+            })
+            .collect();
+        let results = futures::future::join_all(live.iter().map(|(_, w)| w.close())).await;
         let mut first = None;
-        for (w, r) in live.iter().zip(results) {
+        for ((key, w), r) in live.iter().zip(results) {
             if let Err(source) = r {
+                if source.is_fenced() {
+                    self.lose(key, w.shard(), source.to_string());
+                    continue;
+                }
                 first.get_or_insert(ServerError::Writer {
                     table: self.name.clone(),
                     shard: w.shard().to_string(),
