@@ -88,7 +88,8 @@ impl TableHost {
                 Ok(()) if unpublished == 0 => None,
                 Ok(()) => Some(memwal::Error::Closed {
                     reason: format!(
-                        "the idle close left {unpublished} rows or generations unpublished                          (a put raced it); they are in the WAL for the next open"
+                        "the idle close left {unpublished} rows or generations unpublished \
+                         (a put raced it); they are in the WAL for the next open"
                     ),
                 }),
                 Err(e) => Some(e),
@@ -101,7 +102,8 @@ impl TableHost {
                 }
                 Some(e) => {
                     tracing::warn!(table = %self.name(), %shard, error = %e,
-                        "idle shard's close did not publish every row; the shard is down until                          reopened (its rows stay in the WAL for the next open)");
+                        "idle shard's close did not publish every row; the shard is down until \
+                         reopened (its rows stay in the WAL for the next open)");
                     let slot = match e {
                         e if e.is_fenced() => Slot::Lost {
                             shard,
