@@ -24,6 +24,10 @@ pub struct ShardView {
     pub spec_id: u32,
     /// The manifest's `current_generation` (the generation in memory).
     pub current_generation: u64,
+    /// The manifest's `writer_epoch`: the writer that owns the shard now.
+    /// A writer holding another epoch is fenced, and its unpublished rows
+    /// must not be read.
+    pub writer_epoch: u64,
     /// Generations up to this one are in the base table (or, for an
     /// index-served read, in the index) and must not be read again.
     pub floor: u64,
@@ -121,6 +125,7 @@ pub async fn table_view(
                 shard,
                 spec_id: m.shard_spec_id,
                 current_generation: m.current_generation,
+                writer_epoch: m.writer_epoch,
                 floor,
                 sstables,
             }

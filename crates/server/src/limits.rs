@@ -36,10 +36,19 @@ impl TableHost {
     }
 
     /// Flushes, closes and forgets every live shard no rows arrived for in
-    /// `idle_close` (the host's monitor calls this). Rows for such a shard
-    /// wait while it closes, then open it again. A close that fails leaves
-    /// its rows in the WAL, where the next open replays them. Returns how
-    /// many shards closed.
+    /// `idle_close` (the host's monitor calls this). Returns how many
+    /// shards closed.
+    ///
+    /// Guarantees: the writer stays in its slot, as [`Slot::Closing`],
+    /// until its close ended, so reads keep taking its snapshot (its rows
+    /// are not all published before the close ends); rows for the shard
+    /// wait while it closes (on the cell's `opening` lock), then open it
+    /// again. Only a close that published every row leaves the slot
+    /// empty (the shard read as published). A close that failed, or left
+    /// rows unpublished (a put that raced it), leaves the shard down (due
+    /// at once): reads refuse it (its rows are only in the WAL) until the
+    /// next put, or the monitor, reopens it and replays them; a fenced
+    /// writer leaves it lost.
     pub async fn close_idle_shards(&self) -> usize {
         let Some(idle) = self.shard_limits.lock().idle_close else {
             return 0;
@@ -59,16 +68,62 @@ impl TableHost {
             let Some(Slot::Live(w)) = cell.current() else {
                 continue;
             };
-            cell.take();
+            if !cell.replace_writer(&w, Slot::Closing(w.clone())) {
+                continue;
+            }
+            // A put that took the writer before it was marked closing
+            // touched the cell first: seen here, the shard stays open.
+            // Later puts find it closing and wait.
+            if cell.idle_for() < idle {
+                cell.replace_writer(&w, Slot::Live(w.clone()));
+                continue;
+            }
             let shard = w.shard();
-            match w.close().await {
-                Ok(()) => tracing::info!(table = %self.name(), %shard, "idle shard closed"),
-                Err(e) => tracing::warn!(table = %self.name(), %shard, error = %e,
-                    "idle shard's close failed; its rows stay in the WAL for the next open"),
+            let result = w.close().await;
+            // Rows a put racing the close got acknowledged (durable in the
+            // WAL) after its flush, left unpublished in the memtable.
+            let stats = w.stats();
+            let unpublished = stats.active_rows + stats.unpublished.len();
+            let outcome = match result {
+                Ok(()) if unpublished == 0 => None,
+                Ok(()) => Some(memwal::Error::Closed {
+                    reason: format!(
+                        "the idle close left {unpublished} rows or generations unpublished \
+                         (a put raced it); they are in the WAL for the next open"
+                    ),
+                }),
+                Err(e) => Some(e),
+            };
+            match outcome {
+                None => {
+                    tracing::info!(table = %self.name(), %shard, "idle shard closed");
+                    cell.take_writer(&w);
+                    self.slots.remove_if_empty(&key, &cell);
+                }
+                Some(e) => {
+                    tracing::warn!(table = %self.name(), %shard, error = %e,
+                        "idle shard's close did not publish every row; the shard is down until \
+                         reopened (its rows stay in the WAL for the next open)");
+                    let slot = match e {
+                        e if e.is_fenced() => Slot::Lost {
+                            shard,
+                            reason: e.to_string(),
+                        },
+                        error @ memwal::Error::Corrupt { .. } => Slot::Failed { shard, error },
+                        // Due at once: the next put reopens it.
+                        cause => Slot::Down {
+                            shard,
+                            cause,
+                            since: tokio::time::Instant::now(),
+                            attempts: 0,
+                            retry_at: tokio::time::Instant::now(),
+                        },
+                    };
+                    cell.replace_writer(&w, slot);
+                }
             }
             metrics::counter!("memwal_server_idle_shards_closed_total", "table" => self.name().to_string())
                 .increment(1);
-            self.slots.remove_if_empty(&key, &cell);
             closed += 1;
         }
         closed

@@ -1,8 +1,9 @@
 //! Primary-key lookups: the rows of given keys as of now, without reading
 //! the whole table, newest level first. Unflushed rows come from the
-//! writers' snapshots (only the requested keys kept); a key they hold (a
-//! row or a delete) is answered there and the published levels are not
-//! read for it. The others: the view's SSTables newest generation first,
+//! writers' snapshots (only the requested keys kept; a fenced writer's
+//! dropped by the view, read after them); a key they hold (a row or a
+//! delete) is answered there and the published levels are not read for
+//! it. The others: the view's SSTables newest generation first,
 //! each through its bloom filter and `_pk_index` (opened once, kept while
 //! listed), then the base (a filtered scan on the key columns). The
 //! snapshot rules are those of [`TableHost::read_rows`]
@@ -76,7 +77,10 @@ impl TableHost {
         };
         let wanted = key_columns(&keys, key_names.len()).map_err(|e| failed("lookup keys", e))?;
         let wanted = WantedKeys::new(&wanted).map_err(|e| failed("lookup keys", e))?;
-        let snapshots = self.snapshots();
+        // The view is read (after the snapshots) even when the snapshots
+        // answer every key: it tells which snapshots are of fenced writers
+        // (dropped: their rows may be stale).
+        let (snapshots, view) = self.snapshot_and_view(None).await?;
         let mut unflushed = Vec::new();
         for s in snapshots.values() {
             for b in &s.batches {
@@ -100,12 +104,10 @@ impl TableHost {
             );
         }
         let remaining: KeyTuples = keys.into_iter().filter(|k| !answered.contains(k)).collect();
-        // Only keys no memtable answers need the published levels (and
-        // their view, read after the snapshots as every read does).
+        // Only keys no memtable answers need the published levels.
         let published = if remaining.is_empty() {
             RecordBatch::new_empty(schema.clone())
         } else {
-            let view = self.view_after(&snapshots, None).await?;
             self.lookup_published(&view, &key_names, &remaining).await?
         };
         crate::read::merge(&schema, &key_names, &published, &unflushed)

@@ -3,14 +3,19 @@
 //! holds, merged by primary key (last write wins, tombstones hide rows).
 //!
 //! Snapshot: each held writer is read first ([`memwal::ShardWriter::read_snapshot`]:
-//! its published generation and its unpublished rows, in one instant);
-//! then the published view (`table_view`, manifests before the base), of
-//! which only the SSTables up to that generation are read for that shard,
-//! the rest being in the snapshot. Every put acknowledged before the read
-//! began is in it, and no key appears twice. Shards this daemon does not
-//! hold (another daemon's buckets) are read as published: their unflushed
-//! rows are not visible here. Rows compacted into the base after the read
-//! began may show (never older than the snapshot).
+//! its published generation and its acknowledged unpublished rows, in one
+//! instant); then the published view (`table_view`, manifests before the
+//! base), of which only the SSTables up to that generation are read for
+//! that shard, the rest being in the snapshot. Every put acknowledged
+//! before the read began is in it, no row whose WAL write is not durable
+//! is, and no key appears twice. A snapshot of a writer the view shows
+//! fenced (its manifest names another epoch) is dropped: its shard is read
+//! as published. A shard whose writer is down (or whose state is corrupt)
+//! refuses the read. Shards this daemon does not hold (another daemon's
+//! buckets) are read as published: their unflushed rows are not visible
+//! here. Rows compacted into the base after the read began may show
+//! (never older than the snapshot). The rules and their tests:
+//! docs/design/fresh-reads.md.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -21,6 +26,7 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{Field, Schema, SchemaRef};
 
+use crate::slots::Slot;
 use crate::{ServerError, TableHost};
 
 /// The storage schema's tombstone column (memtable and WAL batches).
@@ -31,42 +37,94 @@ pub(crate) type Snapshots = HashMap<memwal::ShardId, memwal::ReadSnapshot>;
 
 impl TableHost {
     /// The two reads every read starts with, in this order: each held
-    /// writer's snapshot (its published generation and unpublished rows),
-    /// then the published view ([`Self::view_after`]).
+    /// writer's snapshot (its published generation and acknowledged
+    /// unpublished rows), then the published view ([`Self::view_after`],
+    /// which drops the snapshots of fenced writers).
     ///
     /// `index`: read for a search served by that index, whose view keeps
     /// the SSTables above the index's catch-up generation (`None`: above
-    /// what the base holds).
+    /// what the base holds). Refused ([`ServerError::Down`], or
+    /// `DATA_LOSS` for corrupt state) while a shard this host holds is
+    /// down or failed: see [`Self::snapshots`].
     pub(crate) async fn snapshot_and_view(
         &self,
         index: Option<&str>,
     ) -> Result<(Snapshots, memwal_compactor::TableView), ServerError> {
-        let snapshots = self.snapshots();
-        let view = self.view_after(&snapshots, index).await?;
+        let mut snapshots = self.snapshots()?;
+        let view = self.view_after(&mut snapshots, index).await?;
         Ok((snapshots, view))
     }
 
     /// Each held writer's snapshot (its published generation and
-    /// unpublished rows), taken now.
-    pub(crate) fn snapshots(&self) -> Snapshots {
+    /// acknowledged unpublished rows), taken now; a writer closing (idle)
+    /// or closed is read too (its memtables keep what it did not
+    /// publish).
+    ///
+    /// A shard whose writer stopped on a storage failure (down, until a
+    /// reopen replays its WAL) or whose stored state is corrupt (failed)
+    /// holds acknowledged rows only in its WAL: reading it as published
+    /// would answer from an older state, so the read is refused, naming
+    /// the shard: [`ServerError::Down`] (`UNAVAILABLE`) or
+    /// [`ServerError::Writer`] with [`memwal::Error::Corrupt`]
+    /// (`DATA_LOSS`). A shard lost to another writer (fenced) is read as
+    /// published: by its new owner.
+    pub(crate) fn snapshots(&self) -> Result<Snapshots, ServerError> {
         let mut snapshots = HashMap::new();
-        for w in self.live_writers() {
-            // A writer that stopped meanwhile: its acknowledged rows are in
-            // its WAL and (once replayed) published; read what is published.
-            if let Ok(s) = w.read_snapshot() {
-                snapshots.insert(s.shard, s);
+        for (key, slot) in self.slots.snapshot() {
+            let w = match &slot {
+                Slot::Live(w) | Slot::Closing(w) => w,
+                Slot::Lost { .. } => continue,
+                Slot::Down { .. } | Slot::Failed { .. } => {
+                    return Err(self.refused_read(&slot));
+                }
+            };
+            match w.read_snapshot() {
+                Ok(s) => {
+                    snapshots.insert(s.shard, s);
+                }
+                Err(e) if e.is_fenced() => {
+                    self.lose(&key, w.shard(), e.to_string());
+                }
+                Err(_) => {
+                    // It stopped just now: the slot says how (down,
+                    // failed, or lost).
+                    match self.slots.cell(&key).current() {
+                        Some(slot @ (Slot::Down { .. } | Slot::Failed { .. })) => {
+                            return Err(self.refused_read(&slot));
+                        }
+                        Some(Slot::Lost { .. }) => {}
+                        _ => return Err(self.refused_read(&slot)),
+                    }
+                }
             }
         }
-        snapshots
+        Ok(snapshots)
+    }
+
+    /// The refusal of a read that meets `slot` (down or failed), counted.
+    fn refused_read(&self, slot: &Slot) -> ServerError {
+        let e = self.refusal(slot);
+        metrics::counter!("memwal_server_reads_refused_total", "table" => self.name().to_string())
+            .increment(1);
+        tracing::info!(table = %self.name(), shard = %slot.shard(), error = %e,
+            "read refused: a shard's acknowledged rows are only in its WAL");
+        e
     }
 
     /// The published view, read after `snapshots` were taken, of which a
     /// held shard keeps only the SSTables up to its snapshot's generation
     /// (the later ones repeat rows of the snapshot). See `index` at
     /// [`Self::snapshot_and_view`].
+    ///
+    /// A snapshot whose writer epoch is not its shard's `writer_epoch` in
+    /// the view's manifest was taken from a fenced writer (another one
+    /// claimed the shard; its rows may be overwritten, deleted or
+    /// published by the new owner): it is removed from `snapshots`, the
+    /// shard is read as published (every SSTable the view lists), and the
+    /// writer's slot is marked lost.
     pub(crate) async fn view_after(
         &self,
-        snapshots: &Snapshots,
+        snapshots: &mut Snapshots,
         index: Option<&str>,
     ) -> Result<memwal_compactor::TableView, ServerError> {
         // Tests widen this window (`sleep`) to prove the order holds.
@@ -79,13 +137,44 @@ impl TableHost {
                     reason: format!("reading the published view: {e}"),
                 })?;
         for shard in &mut view.shards {
-            if let Some(s) = snapshots.get(&shard.shard) {
-                shard
-                    .sstables
-                    .retain(|t| t.generation <= s.published_generation);
+            let Some(s) = snapshots.get(&shard.shard) else {
+                continue;
+            };
+            // The chaos suite's broken variant serves a fenced writer's
+            // rows anyway (its read checks must catch it).
+            if s.epoch != shard.writer_epoch
+                && !memwal_store::broken("broken::read_fenced_memtable")
+            {
+                let (id, epoch) = (s.shard, s.epoch);
+                snapshots.remove(&id);
+                self.fenced_in_read(id, epoch, shard.writer_epoch);
+                continue;
             }
+            shard
+                .sstables
+                .retain(|t| t.generation <= s.published_generation);
         }
         Ok(view)
+    }
+
+    /// A read found that the writer of `shard` at `epoch` is fenced (its
+    /// manifest names `owner`): its slot, if still that writer's, is lost.
+    fn fenced_in_read(&self, shard: memwal::ShardId, epoch: u64, owner: u64) {
+        metrics::counter!("memwal_server_fenced_snapshots_dropped_total", "table" => self.name().to_string())
+            .increment(1);
+        let reason = format!(
+            "the shard's manifest names writer epoch {owner}; this writer holds epoch {epoch} \
+             (another writer claimed the shard)"
+        );
+        for (key, cell) in self.slots.cells() {
+            if let Some(Slot::Live(w)) = cell.current() {
+                if w.shard() == shard && w.epoch() == epoch && owner > epoch {
+                    self.lose(&key, shard, reason.clone());
+                }
+            }
+        }
+        tracing::warn!(table = %self.name(), %shard, epoch, owner,
+            "a read dropped a fenced writer's unpublished rows; the shard is read as published");
     }
 
     /// The live rows as of now (as [`Self::read_rows`] reads them) that

@@ -18,6 +18,12 @@ use crate::table::ShardKey;
 pub(crate) enum Slot {
     /// Served by this writer.
     Live(Arc<ShardWriter>),
+    /// This writer is being closed because the shard went idle
+    /// ([`crate::TableHost::close_idle_shards`]): reads still take its
+    /// snapshot (its rows are not all published until the close ends);
+    /// puts wait for the close (on the cell's `opening` lock), then open
+    /// the shard again.
+    Closing(Arc<ShardWriter>),
     /// Another writer took the shard over: its rows are refused
     /// (`FAILED_PRECONDITION`) until the daemon restarts.
     Lost { shard: ShardId, reason: String },
@@ -43,7 +49,7 @@ pub(crate) enum Slot {
 impl Slot {
     pub(crate) fn shard(&self) -> ShardId {
         match self {
-            Slot::Live(w) => w.shard(),
+            Slot::Live(w) | Slot::Closing(w) => w.shard(),
             Slot::Lost { shard, .. } | Slot::Failed { shard, .. } | Slot::Down { shard, .. } => {
                 *shard
             }
@@ -125,11 +131,6 @@ impl Cell {
         *self.slot.lock() = Some(slot);
     }
 
-    /// Empties the slot, returning what it held.
-    pub(crate) fn take(&self) -> Option<Slot> {
-        self.slot.lock().take()
-    }
-
     /// Records that rows for this shard arrived now.
     pub(crate) fn touch(&self) {
         *self.touched.lock() = Instant::now();
@@ -145,6 +146,31 @@ impl Cell {
         let mut current = self.slot.lock();
         if matches!(&*current, Some(Slot::Live(w)) if w.shard() == shard) {
             *current = Some(slot);
+        }
+    }
+
+    /// Replaces the slot with `slot` if it holds exactly `writer` (live
+    /// or closing); returns whether it did.
+    pub(crate) fn replace_writer(&self, writer: &Arc<ShardWriter>, slot: Slot) -> bool {
+        let mut current = self.slot.lock();
+        let holds = matches!(
+            &*current,
+            Some(Slot::Live(w) | Slot::Closing(w)) if Arc::ptr_eq(w, writer)
+        );
+        if holds {
+            *current = Some(slot);
+        }
+        holds
+    }
+
+    /// Empties the slot if it holds exactly `writer` (live or closing).
+    pub(crate) fn take_writer(&self, writer: &Arc<ShardWriter>) {
+        let mut current = self.slot.lock();
+        if matches!(
+            &*current,
+            Some(Slot::Live(w) | Slot::Closing(w)) if Arc::ptr_eq(w, writer)
+        ) {
+            *current = None;
         }
     }
 }

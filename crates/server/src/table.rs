@@ -40,9 +40,10 @@ pub struct ShardStatus {
     pub shard: String,
     /// Its shard field values (hex).
     pub values: BTreeMap<String, String>,
-    /// `serving`, `lost` (to another writer), `failed` (corrupt stored
-    /// state) or `down` (its writer stopped on a storage failure; reopened
-    /// with backoff): see `last_error`.
+    /// `serving`, `closing` (idle, being closed), `lost` (to another
+    /// writer), `failed` (corrupt stored state) or `down` (its writer
+    /// stopped on a storage failure; reopened with backoff): see
+    /// `last_error`.
     pub state: &'static str,
     /// Epoch, manifest version, generations, WAL, memory (when serving).
     pub epoch: Option<u64>,
@@ -479,6 +480,8 @@ impl TableHost {
         cell.touch();
         match cell.current() {
             Some(Slot::Live(w)) => return Ok(Some(w)),
+            // Closing (idle): wait for the close below, then open again.
+            Some(Slot::Closing(_)) => {}
             Some(slot) if !self.due(&slot) => return Err(self.refusal(&slot)),
             Some(_) => {}
             None => self.check_owned(key)?,
@@ -565,8 +568,9 @@ impl TableHost {
         })
     }
 
-    /// Why rows of a shard in `slot` (not live) are refused now.
-    fn refusal(&self, slot: &Slot) -> ServerError {
+    /// Why rows of a shard in `slot` (not live) are refused now, and why
+    /// a read of the table is (down or failed shards).
+    pub(crate) fn refusal(&self, slot: &Slot) -> ServerError {
         let shard = slot.shard().to_string();
         match slot {
             Slot::Lost { reason, .. } => ServerError::ServedElsewhere {
@@ -593,7 +597,7 @@ impl TableHost {
                     .saturating_duration_since(tokio::time::Instant::now())
                     .as_millis() as u64,
             },
-            Slot::Live(w) => ServerError::Writer {
+            Slot::Live(w) | Slot::Closing(w) => ServerError::Writer {
                 table: self.name.clone(),
                 shard,
                 source: w.terminal_error().unwrap_or_else(|| memwal::Error::Closed {
@@ -799,7 +803,8 @@ impl TableHost {
         })
     }
 
-    fn lose(&self, key: &ShardKey, shard: ShardId, reason: String) {
+    /// Marks the live writer of `shard` at `key` lost to another writer.
+    pub(crate) fn lose(&self, key: &ShardKey, shard: ShardId, reason: String) {
         metrics::counter!("memwal_server_shards_lost_total", "table" => self.name.clone())
             .increment(1);
         tracing::warn!(table = %self.name, %shard, %reason, "shard taken over; no longer served");
@@ -862,6 +867,9 @@ impl TableHost {
     /// Closes every served shard at once (flush, publish, stop), each
     /// bounded by the writer's `close_timeout`, reporting the first failure
     /// after trying all. Rows a failed close could not flush stay in the WAL.
+    /// A writer found fenced (another writer took the shard over, and
+    /// replayed its acknowledged rows) is not a failure: the takeover is
+    /// logged and the shard marked lost.
     pub async fn close(&self) -> Result<(), ServerError> {
         self.closing
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -870,11 +878,23 @@ impl TableHost {
         for (key, _) in self.slots.snapshot() {
             let _ = self.slots.cell(&key).opening.lock().await;
         }
-        let live = self.live_writers();
-        let results = futures::future::join_all(live.iter().map(|w| w.close())).await;
+        let live: Vec<(ShardKey, Arc<ShardWriter>)> = self
+            .slots
+            .snapshot()
+            .into_iter()
+            .filter_map(|(key, slot)| match slot {
+                Slot::Live(w) => Some((key, w)),
+                _ => None,
+            })
+            .collect();
+        let results = futures::future::join_all(live.iter().map(|(_, w)| w.close())).await;
         let mut first = None;
-        for (w, r) in live.iter().zip(results) {
+        for ((key, w), r) in live.iter().zip(results) {
             if let Err(source) = r {
+                if source.is_fenced() {
+                    self.lose(key, w.shard(), source.to_string());
+                    continue;
+                }
                 first.get_or_insert(ServerError::Writer {
                     table: self.name.clone(),
                     shard: w.shard().to_string(),
@@ -943,6 +963,13 @@ impl TableHost {
                             index_catchup: BTreeMap::new(),
                         }
                     }
+                    Slot::Closing(w) => ShardStatus::not_serving(
+                        w.shard(),
+                        values,
+                        "closing",
+                        compacted(w.shard()),
+                        "idle: closing (rows for it wait, then open it again)",
+                    ),
                     Slot::Lost { shard, reason } => {
                         ShardStatus::not_serving(*shard, values, "lost", compacted(*shard), reason)
                     }

@@ -928,5 +928,8 @@ mod lookup;
 #[path = "host/search.rs"]
 mod search;
 
+#[path = "host/isolation.rs"]
+mod isolation;
+
 #[path = "host/small_puts.rs"]
 mod small_puts;

@@ -40,7 +40,9 @@ pub fn crash_point(name: &str) {
 /// before its PUT, and delay the PUT), `broken::wal_conflict_is_success`
 /// (take a lost put-if-not-exists for our own write: no fencing),
 /// `broken::replay_reversed` (replay WAL entries newest first),
-/// `broken::compactor_upsert_appends` (compact a keyed table by appending).
+/// `broken::compactor_upsert_appends` (compact a keyed table by appending),
+/// `broken::read_fenced_memtable` (a read serves a fenced writer's
+/// memtable over its successor's published rows).
 #[inline(always)]
 pub fn broken(name: &str) -> bool {
     #[cfg(feature = "failpoints")]

@@ -146,6 +146,51 @@ pub(crate) struct Queue {
     pub poison: Option<WalError>,
 }
 
+/// How many appends a [`WalAppender`] took and how many of them are
+/// durable ([`WalAppender::counts`]).
+///
+/// Guarantees: `durable() <= submitted()`; appends become durable in the
+/// order they were submitted (group commit writes the queue's head first,
+/// one entry at a time), so the durable ones are always the first
+/// `durable()` submitted; an append's durable count is raised before its
+/// ticket resolves `Ok`, so every acknowledged append is counted. An
+/// append that fails (or whose outcome is unknown) is never counted, nor
+/// is any submitted after it (the failure poisons the appender).
+#[derive(Debug, Default)]
+pub struct AppendCounts {
+    submitted: AtomicU64,
+    durable: AtomicU64,
+}
+
+impl AppendCounts {
+    /// Appends submitted so far ([`WalAppender::submit`] returned a ticket).
+    pub fn submitted(&self) -> u64 {
+        self.submitted.load(Ordering::SeqCst)
+    }
+
+    /// Appends known durable so far: the first `durable()` submitted.
+    pub fn durable(&self) -> u64 {
+        self.durable.load(Ordering::SeqCst)
+    }
+
+    /// Submitted appends not (yet) durable: the last `pending()` submitted.
+    /// Exact while no submit runs concurrently (a caller that submits only
+    /// under its own lock reads it under that lock); the durable count may
+    /// only grow meanwhile, never past the submitted one.
+    pub fn pending(&self) -> u64 {
+        let submitted = self.submitted();
+        submitted.saturating_sub(self.durable())
+    }
+
+    pub(crate) fn submitted_one(&self) {
+        self.submitted.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn made_durable(&self, appends: usize) {
+        self.durable.fetch_add(appends as u64, Ordering::SeqCst);
+    }
+}
+
 /// State shared by the handles and the task.
 pub(crate) struct Shared {
     pub queue: Mutex<Queue>,
@@ -154,6 +199,8 @@ pub(crate) struct Shared {
     pub epoch: u64,
     /// Highest position acknowledged durable (start - 1 until the first).
     pub durable: AtomicU64,
+    /// Appends submitted and made durable.
+    pub counts: Arc<AppendCounts>,
 }
 
 struct Handle {
@@ -235,6 +282,7 @@ impl WalAppender {
             shard: loc.shard(),
             epoch,
             durable: AtomicU64::new(first_position - 1),
+            counts: Arc::default(),
         });
         let task = CommitTask::new(
             shared.clone(),
@@ -282,6 +330,13 @@ impl WalAppender {
         self.handle.shared.durable.load(Ordering::SeqCst)
     }
 
+    /// This appender's append counts: how many appends were submitted and
+    /// how many of them are durable (see [`AppendCounts`]). The handle
+    /// stays valid after the appender closed or failed.
+    pub fn counts(&self) -> Arc<AppendCounts> {
+        self.handle.shared.counts.clone()
+    }
+
     /// Enqueues an append now (its place in the WAL order is fixed when
     /// this returns) and returns a ticket for its outcome.
     ///
@@ -304,6 +359,8 @@ impl WalAppender {
                 tx,
             }));
             q.queued_appends += 1;
+            // Counted under the queue lock: the count follows queue order.
+            self.handle.shared.counts.submitted_one();
         }
         self.handle.shared.wake.notify_one();
         Ok(AppendTicket { rx })

@@ -259,7 +259,12 @@ impl CommitTask {
         let started = Instant::now();
         let put_started = tokio::time::Instant::now();
         memwal_store::crash_point("wal::before_put");
+        // Whether this entry's appends were counted durable already (only
+        // the broken early acknowledgement does so before the PUT).
+        let mut counted = false;
         if memwal_store::broken("broken::wal_ack_before_put") {
+            self.shared.counts.made_durable(appends);
+            counted = true;
             let early = InFlight {
                 shard: inflight.shard,
                 position: inflight.position,
@@ -277,6 +282,12 @@ impl CommitTask {
             Ok(position) => {
                 memwal_store::crash_point("wal::after_put");
                 self.shared.durable.store(position, Ordering::SeqCst);
+                // Counted before any ticket resolves: an acknowledged
+                // append is always counted durable (readers show only
+                // counted appends).
+                if !counted {
+                    self.shared.counts.made_durable(appends);
+                }
                 inflight.ack(generation);
                 self.previous =
                     (self.config.max_regroup_wait > std::time::Duration::ZERO).then(|| Previous {

@@ -33,7 +33,7 @@ mod sentinel;
 mod tail;
 
 pub use appender::{
-    AppendAck, AppendTicket, GenerationSwitch, SwitchTicket, WalAppender, WalConfig,
+    AppendAck, AppendCounts, AppendTicket, GenerationSwitch, SwitchTicket, WalAppender, WalConfig,
 };
 pub use codec::WalEntry;
 pub use error::{WalError, WalResult};

@@ -189,7 +189,7 @@ async fn open_inner(
         let mut st = inner.state.lock();
         st.check_usable()?;
         st.generation = generation;
-        st.appender = Some(appender);
+        st.start_appending(appender);
     }
     if let Some(age) = config.max_unflushed_age {
         inner.spawn_monitored(

@@ -8,6 +8,7 @@ use std::future::Future;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use arrow_array::RecordBatch;
 use memwal_fencing::{ShardId, ShardManifest};
 use memwal_memtable::{FrozenMemTable, MemTable, TableSchema};
 use memwal_sstable::WrittenSsTable;
@@ -56,6 +57,23 @@ pub(crate) struct Job {
 pub(crate) struct State {
     /// `None` until `open` is ready for puts, and once terminal.
     pub appender: Option<WalAppender>,
+    /// The append counts of the appender ([`State::start_appending`]),
+    /// kept after it is gone (closed or terminal): what reads go by.
+    ///
+    /// Invariant (the visibility watermark): every append submitted to
+    /// the appender is paired with exactly one batch inserted into the
+    /// active memtable in the same critical section
+    /// (`write_path::append_locked`; a failed insert makes the writer
+    /// terminal), and nothing else submits. Appends are durable in submit
+    /// order, and generations only leave `frozen` once published (after
+    /// every earlier append is durable). So under this lock the last
+    /// `appends.pending()` batches of the frozen generations (oldest
+    /// first) then the active memtable are exactly the rows whose WAL
+    /// write is not (yet) durable: never acknowledged, maybe never
+    /// written. Replayed batches (inserted before the appender started)
+    /// are durable. Reads leave the pending ones out
+    /// ([`crate::ShardWriter::read_snapshot`]).
+    pub appends: Option<Arc<memwal_wal::AppendCounts>>,
     /// Its schema ([`MemTable::schema`]) is the one puts are checked
     /// against now; a schema change swaps in an empty memtable of the new
     /// schema at a generation boundary (`evolve.rs`).
@@ -84,6 +102,45 @@ impl State {
             Some(e) => Err(e.clone()),
             None => Ok(()),
         }
+    }
+
+    /// Whether the memtables may be read: while usable, and once closed
+    /// ([`Error::Closed`]: closing or aborting stops writes and drops no
+    /// row, so the memtables still hold every acknowledged row above
+    /// `published_generation`). Any other terminal error (fenced, sealed,
+    /// a storage failure, corrupt state) is returned.
+    pub(crate) fn check_readable(&self) -> Result<()> {
+        match &self.terminal {
+            None | Some(Error::Closed { .. }) => Ok(()),
+            Some(e) => Err(e.clone()),
+        }
+    }
+
+    /// Makes `appender` the one puts go through, keeping its append counts
+    /// (the visibility watermark, see [`State::appends`]).
+    pub(crate) fn start_appending(&mut self, appender: WalAppender) {
+        self.appends = Some(appender.counts());
+        self.appender = Some(appender);
+    }
+
+    /// Every physical row not yet published (frozen generations oldest
+    /// first, then the active memtable), in WAL order, without the last
+    /// `pending` batches (rows whose WAL write is not durable).
+    pub(crate) fn unpublished_batches(&self, pending: u64) -> Vec<RecordBatch> {
+        let mut out: Vec<RecordBatch> = Vec::new();
+        for f in &self.frozen {
+            out.extend(f.memtable.batches().iter().cloned());
+        }
+        out.extend(self.active.batches().iter().cloned());
+        let pending = usize::try_from(pending).unwrap_or(usize::MAX);
+        out.truncate(out.len().saturating_sub(pending));
+        out
+    }
+
+    /// Batches submitted to the WAL whose write is not yet durable (the
+    /// last ones in the memtables; see [`State::appends`]).
+    pub(crate) fn pending_appends(&self) -> u64 {
+        self.appends.as_ref().map_or(0, |c| c.pending())
     }
 
     /// The schema and routing check puts are validated against now.
@@ -143,6 +200,7 @@ impl Inner {
             storage,
             state: Mutex::new(State {
                 appender: None,
+                appends: None,
                 active: MemTable::new(schema),
                 routing: routing.map(Arc::new),
                 generation: manifest.current_generation.max(1),

@@ -358,7 +358,7 @@ impl Harness {
             memwal_wal::WalConfig::default(),
         )
         .unwrap();
-        self.inner.state.lock().appender = Some(appender);
+        self.inner.state.lock().start_appending(appender);
         self
     }
 

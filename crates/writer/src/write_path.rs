@@ -6,6 +6,9 @@
 //! Invariants kept here, and only here:
 //! - rows enter the memtable in WAL order (submit and insert under one
 //!   lock), so replay picks the same winner per key;
+//! - one WAL submit, one memtable batch: so the appender's count of
+//!   appends not yet durable is the number of trailing memtable batches
+//!   reads must leave out (`State::appends`);
 //! - each generation is one contiguous run of WAL positions (the switch
 //!   and the swap under the same lock);
 //! - a frozen generation enters the frozen queue and the flusher's job
@@ -48,6 +51,11 @@ pub(crate) fn current_form(st: &State, storage: RecordBatch) -> Result<RecordBat
 /// order of submits is the memtable's insert order. A failure after the
 /// submit makes the writer terminal, so rows in the memtable that were
 /// never acknowledged can never be published.
+///
+/// This is the only WAL submit of the writer, and each submit here is
+/// paired with exactly one memtable batch (one `insert`): the invariant
+/// reads rely on to leave out the rows not yet durable (the last
+/// `pending` batches, see `State::appends`).
 ///
 /// A put whose `bytes` of rows would take the active generation past
 /// `memtable_max_bytes` freezes it first, so every generation's rows fit

@@ -213,38 +213,43 @@ impl ShardWriter {
 
     /// A consistent read of what this writer holds, for readers that add
     /// it to the published view: the highest generation published and, in
-    /// the same instant, every physical row not yet published (as
-    /// [`Self::unflushed_batches`]). Reading SSTables up to
-    /// `published_generation` and then these rows in order gives the shard
-    /// as of one WAL position: every put acknowledged before the call.
+    /// the same instant, every acknowledged row not yet published.
+    /// Reading SSTables up to `published_generation` and then these rows
+    /// in order gives the shard as of one WAL position: every put
+    /// acknowledged before the call, and no row whose WAL write is not
+    /// durable (a put submitted but not acknowledged, whose write may
+    /// still fail: the visibility watermark, see `State::appends`).
+    ///
+    /// Works while the writer is usable, closing, and once closed (its
+    /// memtables keep every acknowledged row that was not published; a
+    /// row acknowledged by a close's drain is among them). Returns the
+    /// terminal error of a writer that stopped otherwise (fenced, sealed,
+    /// a storage failure, corrupt state): its acknowledged rows are in its
+    /// WAL only for the next writer to replay. `epoch` is this writer's:
+    /// a reader must drop the snapshot when the shard's manifest names
+    /// another writer (this one is fenced and its rows may be stale).
     pub fn read_snapshot(&self) -> Result<ReadSnapshot> {
         let st = self.inner.state.lock();
-        st.check_usable()?;
-        let mut batches: Vec<RecordBatch> = Vec::new();
-        for f in &st.frozen {
-            batches.extend(f.memtable.batches().iter().cloned());
-        }
-        batches.extend(st.active.batches().iter().cloned());
+        st.check_readable()?;
+        let pending = st.pending_appends();
         Ok(ReadSnapshot {
             shard: self.inner.shard,
+            epoch: self.inner.epoch,
             published_generation: st.published_generation,
-            batches,
+            batches: st.unpublished_batches(pending),
         })
     }
 
     /// Every physical row not yet published (frozen generations oldest
     /// first, then the active memtable), in WAL order, storage schema
     /// (tombstones and overwritten rows included): applying them in order
-    /// over the published SSTables gives the writer's current view.
+    /// over the published SSTables gives the writer's current view. Unlike
+    /// [`Self::read_snapshot`] this includes rows whose WAL write is still
+    /// in flight.
     pub fn unflushed_batches(&self) -> Result<Vec<RecordBatch>> {
         let st = self.inner.state.lock();
         st.check_usable()?;
-        let mut out: Vec<RecordBatch> = Vec::new();
-        for f in &st.frozen {
-            out.extend(f.memtable.batches().iter().cloned());
-        }
-        out.extend(st.active.batches().iter().cloned());
-        Ok(out)
+        Ok(st.unpublished_batches(0))
     }
 
     /// Freezes the active memtable (if it holds rows) and waits until it
@@ -389,12 +394,15 @@ impl ShardWriter {
 pub struct ReadSnapshot {
     /// The shard.
     pub shard: ShardId,
+    /// The epoch of the writer it was read from: valid only while the
+    /// shard's latest manifest carries this `writer_epoch`.
+    pub epoch: u64,
     /// Generations up to this one are published (in the manifest, or
     /// compacted into the base table).
     pub published_generation: u64,
-    /// Every physical row of the later generations, oldest first, in the
-    /// storage schema (table columns plus `_tombstone`; overwritten rows
-    /// included: apply them in order).
+    /// Every acknowledged physical row of the later generations, oldest
+    /// first, in the storage schema (table columns plus `_tombstone`;
+    /// overwritten rows included: apply them in order).
     pub batches: Vec<RecordBatch>,
 }
 

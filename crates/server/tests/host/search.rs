@@ -311,3 +311,45 @@ async fn bad_searches_are_invalid_input_naming_the_problem() {
     invalid(host.full_text("nope", "x", None).await, "`nope`");
     host.close().await.unwrap();
 }
+
+// Breaks if a daemon whose shard another daemon claimed (fencing its idle
+// writer) searches its stale memtable: the overwritten versions and the
+// deleted rows of the new owner would be found, its published SSTable
+// above the fenced writer's published generation left out. Searches
+// through the fenced host (indexed and exact vector search, prefiltered,
+// full text) must find exactly the new owner's state. Fails without the
+// epoch check in `TableHost::view_after`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_host_searches_the_new_owners_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = indexed_table(&dir).await;
+    let a = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let ids: Vec<i64> = (FRESH..FRESH + 60).collect();
+    a.write(&rows(&ids, "a"), false).await.unwrap();
+    let mut model: BTreeMap<i64, &str> = ids.iter().map(|&i| (i, "a")).collect();
+
+    // B claims the shard, overwrites, deletes and publishes; A is idle.
+    let b = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    b.write(&rows(&[FRESH + 3, FRESH + 17], "b"), false)
+        .await
+        .unwrap();
+    let deletes = RecordBatch::try_from_iter(vec![(
+        "id",
+        Arc::new(Int64Array::from(vec![FRESH + 10, FRESH + 11])) as ArrayRef,
+    )])
+    .unwrap();
+    b.write(&deletes, true).await.unwrap();
+    b.flush().await.unwrap();
+    model.insert(FRESH + 3, "b");
+    model.insert(FRESH + 17, "b");
+    model.remove(&(FRESH + 10));
+    model.remove(&(FRESH + 11));
+    check(&b, &model, "B").await;
+    check(&a, &model, "through the fenced host").await;
+    b.close().await.unwrap();
+    a.close().await.unwrap();
+}

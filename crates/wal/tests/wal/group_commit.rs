@@ -444,3 +444,48 @@ async fn producers_returning_after_an_ack_share_one_entry() {
         "a lone producer's append costs its PUT only"
     );
 }
+
+/// The append counts readers go by: an append held in flight is submitted
+/// but not durable; once its ticket resolves `Ok` it is counted durable
+/// (counted before the ticket resolves, so a caller that saw the ack
+/// always finds it counted); a failed append is never counted. Breaks if
+/// the durable count runs ahead of the store's acknowledgement or behind
+/// a ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_counts_follow_durability() {
+    let inner = memory();
+    let root = Path::from("t");
+    let shard = shard();
+    let fs = faulty(&inner);
+    let w = open_writer(fs.clone(), &root, shard, WalConfig::default())
+        .await
+        .unwrap();
+    let counts = w.wal.counts();
+    assert_eq!((counts.submitted(), counts.durable()), (0, 0));
+    let prefix = wal_prefix(&root, shard);
+    let gate = hold_first_put(&fs, prefix.clone());
+    let first = w.wal.submit(vec![rows(&[1])]).unwrap();
+    gate.wait_arrived(1).await;
+    let second = w.wal.submit(vec![rows(&[2])]).unwrap();
+    assert_eq!((counts.submitted(), counts.durable()), (2, 0));
+    assert_eq!(counts.pending(), 2);
+    gate.open();
+    first.await.unwrap();
+    assert!(counts.durable() >= 1, "an acked append is counted");
+    second.await.unwrap();
+    assert_eq!((counts.submitted(), counts.durable()), (2, 2));
+
+    // A refused write: submitted, never durable.
+    fs.set_hook(move |op| {
+        if op.kind == OpKind::Put && op.path.starts_with(&prefix) {
+            Action::FailWith(memwal_testkit::InjectError::new(|| {
+                memwal_testkit::permission_denied("wal")
+            }))
+        } else {
+            Action::Pass
+        }
+    });
+    w.wal.submit(vec![rows(&[3])]).unwrap().await.unwrap_err();
+    assert_eq!((counts.submitted(), counts.durable()), (3, 2));
+    assert_eq!(counts.pending(), 1);
+}

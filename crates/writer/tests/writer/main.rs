@@ -10,6 +10,7 @@ mod fencing;
 mod input;
 mod lifecycle;
 mod ordering;
+mod reads;
 mod replay;
 mod replay_background;
 mod schema;
