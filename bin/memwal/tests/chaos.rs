@@ -893,17 +893,100 @@ async fn script_fenced_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
     (s.ops.clone(), vec![read])
 }
 
+/// Rule 2's bug: a put read while its WAL write is in flight, which then
+/// loses to a new owner's claim (refused: it was never written).
+async fn script_dirty_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
+    let mut s = Script::new();
+    // The first WAL write waits 8 s before its PUT.
+    let points = "wal::before_put=1*sleep(8000)";
+    let points = if broken {
+        format!("{points};broken::read_unacknowledged=return")
+    } else {
+        points.to_string()
+    };
+    let fenced = s.daemon(&points);
+    let addr = fenced.flight.clone();
+    let in_flight = tokio::spawn(async move {
+        let mut c = client(&addr, None).await;
+        put(&mut c, &["t"], vec![rows(&[1], "x")]).await
+    });
+    // Submitted by now (decoded and in the memtable), its PUT waiting.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let window = ReadWindow::open(&s.ops);
+    let batches = sql_rows(&fenced.flight, "SELECT id, v FROM t")
+        .await
+        .unwrap();
+    let read = Read {
+        through: "the daemon with a put in flight".into(),
+        window: window.close(1),
+        view: rows_of(&batches),
+    };
+    // A successor claims every shard before that PUT is tried: it loses.
+    let successor = s.daemon("");
+    let outcome = match in_flight.await.unwrap() {
+        Ok(_) => Outcome::Acked,
+        Err(status) => classify(&status),
+    };
+    assert_eq!(outcome, Outcome::Refused, "the in-flight put must lose");
+    s.ops.push(Op {
+        seq: 0,
+        key: 1,
+        value: Some("x-1".into()),
+        outcome,
+        writer: 1,
+    });
+    fenced.stop();
+    successor.stop_ok();
+    (s.ops.clone(), vec![read])
+}
+
+/// Rule 3's bug: a keyed table's levels read one after the other, so a
+/// key published and overwritten since shows twice.
+async fn script_unmerged_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
+    let mut s = Script::new();
+    let d = s.daemon(if broken {
+        "broken::read_levels_unmerged=return"
+    } else {
+        ""
+    });
+    assert_eq!(s.put(&d, 1, 1, "a", 10_000).await, Outcome::Acked);
+    s.flush(&d).await;
+    assert_eq!(s.put(&d, 1, 1, "b", 10_000).await, Outcome::Acked);
+    let window = ReadWindow::open(&s.ops);
+    let batches = sql_rows(&d.flight, "SELECT id, v FROM t").await.unwrap();
+    let read = Read {
+        through: "the daemon".into(),
+        window: window.close(s.ops.len() as u64),
+        view: rows_of(&batches),
+    };
+    d.stop_ok();
+    (s.ops.clone(), vec![read])
+}
+
 // Breaks if the read checks stop catching a daemon that serves a fenced
-// writer's memtable, or if the script stops provoking it (a sound daemon
-// must pass the same script).
+// writer's memtable, rows not yet durable, or levels unmerged, or if a
+// script stops provoking its bug (a sound daemon must pass the same
+// script).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_broken_read_is_caught() {
     for broken in [false, true] {
-        let cases = [(
-            1,
-            "a fenced daemon's memtable served",
-            script_fenced_read(broken).await,
-        )];
+        let cases = [
+            (
+                1,
+                "a fenced daemon's memtable served",
+                script_fenced_read(broken).await,
+            ),
+            (
+                2,
+                "rows not yet durable served",
+                script_dirty_read(broken).await,
+            ),
+            (
+                3,
+                "levels read unmerged",
+                script_unmerged_read(broken).await,
+            ),
+        ];
         for (rule, bug, (ops, reads)) in cases {
             let found: Vec<_> = reads
                 .iter()

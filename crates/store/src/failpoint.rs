@@ -42,7 +42,10 @@ pub fn crash_point(name: &str) {
 /// `broken::replay_reversed` (replay WAL entries newest first),
 /// `broken::compactor_upsert_appends` (compact a keyed table by appending),
 /// `broken::read_fenced_memtable` (a read serves a fenced writer's
-/// memtable over its successor's published rows).
+/// memtable over its successor's published rows),
+/// `broken::read_unacknowledged` (a read shows rows whose WAL write is not
+/// durable), `broken::read_levels_unmerged` (a read of a keyed table
+/// concatenates its levels instead of merging them by key).
 #[inline(always)]
 pub fn broken(name: &str) -> bool {
     #[cfg(feature = "failpoints")]
