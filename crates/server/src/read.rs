@@ -35,6 +35,10 @@ const TOMBSTONE: &str = memwal_memtable::TOMBSTONE_COLUMN;
 /// Each held writer's snapshot, by shard.
 pub(crate) type Snapshots = HashMap<memwal::ShardId, memwal::ReadSnapshot>;
 
+/// How many times a read takes its snapshots and view when a shard
+/// reopens here meanwhile ([`TableHost::snapshot_and_view`]).
+const READ_ATTEMPTS: u32 = 3;
+
 impl TableHost {
     /// The two reads every read starts with, in this order: each held
     /// writer's snapshot (its published generation and acknowledged
@@ -46,13 +50,26 @@ impl TableHost {
     /// what the base holds). Refused ([`ServerError::Down`], or
     /// `DATA_LOSS` for corrupt state) while a shard this host holds is
     /// down or failed: see [`Self::snapshots`].
+    ///
+    /// When a snapshot is dropped as fenced while this host holds the
+    /// shard's new writer (it reopened the shard during the read: its
+    /// writer may hold the acknowledged rows it replayed, not yet
+    /// published), both reads are taken again, up to [`READ_ATTEMPTS`]
+    /// times in all.
     pub(crate) async fn snapshot_and_view(
         &self,
         index: Option<&str>,
     ) -> Result<(Snapshots, memwal_compactor::TableView), ServerError> {
-        let mut snapshots = self.snapshots()?;
-        let view = self.view_after(&mut snapshots, index).await?;
-        Ok((snapshots, view))
+        let mut attempt = 1;
+        loop {
+            let mut snapshots = self.snapshots()?;
+            let (view, retake) = self.view_after(&mut snapshots, index).await?;
+            if !retake || attempt >= READ_ATTEMPTS {
+                return Ok((snapshots, view));
+            }
+            tracing::debug!(table = %self.name(), attempt, "a shard reopened during the read; reading again");
+            attempt += 1;
+        }
     }
 
     /// Each held writer's snapshot (its published generation and
@@ -121,12 +138,14 @@ impl TableHost {
     /// claimed the shard; its rows may be overwritten, deleted or
     /// published by the new owner): it is removed from `snapshots`, the
     /// shard is read as published (every SSTable the view lists), and the
-    /// writer's slot is marked lost.
-    pub(crate) async fn view_after(
+    /// writer's slot is marked lost. Returns the view and whether a
+    /// dropped snapshot's shard is held here now by its new writer (the
+    /// caller reads again).
+    async fn view_after(
         &self,
         snapshots: &mut Snapshots,
         index: Option<&str>,
-    ) -> Result<memwal_compactor::TableView, ServerError> {
+    ) -> Result<(memwal_compactor::TableView, bool), ServerError> {
         // Tests widen this window (`sleep`) to prove the order holds.
         memwal_store::crash_point("server::read_after_snapshots");
         let mut view =
@@ -136,6 +155,7 @@ impl TableHost {
                     table: self.name().to_string(),
                     reason: format!("reading the published view: {e}"),
                 })?;
+        let mut retake = false;
         for shard in &mut view.shards {
             let Some(s) = snapshots.get(&shard.shard) else {
                 continue;
@@ -147,34 +167,44 @@ impl TableHost {
             {
                 let (id, epoch) = (s.shard, s.epoch);
                 snapshots.remove(&id);
-                self.fenced_in_read(id, epoch, shard.writer_epoch);
+                retake |= self.fenced_in_read(id, epoch, shard.writer_epoch);
                 continue;
             }
             shard
                 .sstables
                 .retain(|t| t.generation <= s.published_generation);
         }
-        Ok(view)
+        Ok((view, retake))
     }
 
     /// A read found that the writer of `shard` at `epoch` is fenced (its
     /// manifest names `owner`): its slot, if still that writer's, is lost.
-    fn fenced_in_read(&self, shard: memwal::ShardId, epoch: u64, owner: u64) {
+    /// Returns whether this host holds the shard's writer at `owner` now.
+    fn fenced_in_read(&self, shard: memwal::ShardId, epoch: u64, owner: u64) -> bool {
         metrics::counter!("memwal_server_fenced_snapshots_dropped_total", "table" => self.name().to_string())
             .increment(1);
         let reason = format!(
             "the shard's manifest names writer epoch {owner}; this writer holds epoch {epoch} \
              (another writer claimed the shard)"
         );
+        let mut held = false;
         for (key, cell) in self.slots.cells() {
-            if let Some(Slot::Live(w)) = cell.current() {
-                if w.shard() == shard && w.epoch() == epoch && owner > epoch {
-                    self.lose(&key, shard, reason.clone());
+            match cell.current() {
+                Some(Slot::Live(w) | Slot::Closing(w)) if w.shard() == shard => {
+                    if w.epoch() == owner {
+                        held = true;
+                    } else if w.epoch() == epoch && owner > epoch {
+                        self.lose(&key, shard, reason.clone());
+                    }
                 }
+                _ => {}
             }
         }
-        tracing::warn!(table = %self.name(), %shard, epoch, owner,
-            "a read dropped a fenced writer's unpublished rows; the shard is read as published");
+        if !held {
+            tracing::warn!(table = %self.name(), %shard, epoch, owner,
+                "a read dropped a fenced writer's unpublished rows; the shard is read as published");
+        }
+        held
     }
 
     /// The live rows as of now (as [`Self::read_rows`] reads them) that

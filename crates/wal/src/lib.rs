@@ -6,7 +6,10 @@
 //! - [`WalAppender`]: concurrent appends with group commit; an append
 //!   resolves only once durable; positions contiguous, one PUT in flight;
 //!   collisions are resolved against the manifest (fenced, sealed, or a
-//!   protocol violation) and poison the appender.
+//!   protocol violation) and poison the appender. [`AppendCounts`]: how
+//!   many appends were submitted and how many are durable (in submit
+//!   order, counted before acknowledged), the writer's visibility
+//!   watermark.
 //! - [`write_fence_sentinel`]: after a claim, the data-less entry at the
 //!   WAL tip that makes the previous writer's next append collide.
 //! - [`find_tail`]: the last entry, from the manifest's hint, never below

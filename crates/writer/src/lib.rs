@@ -25,6 +25,13 @@
 //!
 //! Only durable writes are supported (there is no non-durable mode).
 //!
+//! Readers that add a writer's unpublished rows to the published view
+//! take [`ShardWriter::read_snapshot`]: acknowledged rows only (rows whose
+//! WAL write is still in flight, or failed, are left out: the WAL
+//! appender's append counts are the visibility watermark), with the
+//! writer's epoch, which the reader checks against the shard's manifest
+//! (a fenced writer's rows must not be read).
+//!
 //! Errors are one enum, [`Error`]: `Fenced`, `Sealed`, `InvalidInput`,
 //! `Backpressure`, `OutcomeUnknown`, `Storage`, `Corrupt`, `Closed`.
 //! Metrics names are in [`stats::names`]; tracing spans are `open`,

@@ -374,3 +374,85 @@ async fn a_host_whose_shards_were_taken_over_closes_cleanly() {
     assert_eq!(as_map(&b.read_rows().await.unwrap()), model);
     b.close().await.unwrap();
 }
+
+// Breaks if a read whose writer snapshot turned stale because this host
+// reopened the shard meanwhile (the writer stopped on a storage failure,
+// a put reopened it: a new claim, its WAL replayed into the new writer,
+// not yet published) drops the stale snapshot and reads the shard as
+// published, missing the acknowledged rows only the new writer holds;
+// it must read again and take the new writer's snapshot. The read is
+// held at its view's listing of the shards while all this happens, the
+// new writer's publish at its SSTable write. Fails without the second
+// read in `TableHost::snapshot_and_view`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_across_a_reopen_here_reads_the_new_writer() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let dir = tempfile::tempdir().unwrap();
+    let loc = keyed_table(&dir, TableSharding::Unsharded).await;
+    let faults = FaultStore::new(loc.store.clone());
+    let faulty = memwal_store::StoreLocation {
+        store: faults.clone(),
+        ..loc
+    };
+    let host = Arc::new(TableHost::open("t", faulty, quick_config()).await.unwrap());
+    let ids: Vec<i64> = (0..10).collect();
+    host.write(&tagged(&ids, "a"), false).await.unwrap();
+    host.flush().await.unwrap();
+    host.write(&tagged(&ids[..5], "b"), false).await.unwrap();
+    let mut model = BTreeMap::new();
+    put(&mut model, &ids, "a");
+    put(&mut model, &ids[..5], "b");
+
+    let (view_gate, sstable_gate) = (Gate::new(), Gate::new());
+    let hold_view = Arc::new(AtomicBool::new(true));
+    let fail_wal = Arc::new(AtomicBool::new(false));
+    {
+        let (view_gate, sstable_gate) = (view_gate.clone(), sstable_gate.clone());
+        let (hold_view, fail_wal) = (hold_view.clone(), fail_wal.clone());
+        faults.set_hook(move |op| {
+            let write = matches!(op.kind, OpKind::Put | OpKind::Multipart);
+            if op.kind == OpKind::List
+                && op.path.ends_with("_mem_wal")
+                && hold_view.swap(false, SeqCst)
+            {
+                Action::Hold(view_gate.clone(), Box::new(Action::Pass))
+            } else if write && op.path.contains("/wal/") && fail_wal.load(SeqCst) {
+                refused()
+            } else if write && op.path.contains("_gen_") {
+                Action::Hold(sstable_gate.clone(), Box::new(Action::Pass))
+            } else {
+                Action::Pass
+            }
+        });
+    }
+    // The read took its snapshot of the writer; its view waits.
+    let reader = {
+        let host = host.clone();
+        tokio::spawn(async move { host.read_rows().await })
+    };
+    view_gate.wait_arrived(1).await;
+
+    // The writer stops on a storage failure; after its backoff the shard
+    // reopens here (its WAL replayed, the publish held).
+    fail_wal.store(true, SeqCst);
+    host.write(&tagged(&[7], "lost"), false).await.unwrap_err();
+    fail_wal.store(false, SeqCst);
+    let retry_in = match host.write(&tagged(&[7], "z"), false).await {
+        Err(ServerError::Down { retry_in_ms, .. }) => retry_in_ms,
+        other => panic!("expected the shard down, got {other:?}"),
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(retry_in + 1)).await;
+    assert_eq!(
+        host.reopen_down_shards().await,
+        0,
+        "{:?}",
+        host.down_shards()
+    );
+
+    view_gate.open();
+    let read = reader.await.unwrap().unwrap();
+    assert_eq!(as_map(&read), model, "the read across the reopen");
+    sstable_gate.open();
+    assert_eq!(as_map(&host.read_rows().await.unwrap()), model);
+    host.close().await.unwrap();
+}
