@@ -55,7 +55,8 @@ impl TableHost {
     /// shard's new writer (it reopened the shard during the read: its
     /// writer may hold the acknowledged rows it replayed, not yet
     /// published), both reads are taken again, up to [`READ_ATTEMPTS`]
-    /// times in all.
+    /// times in all; then the read is refused (`UNAVAILABLE`), never
+    /// answered without those rows.
     pub(crate) async fn snapshot_and_view(
         &self,
         index: Option<&str>,
@@ -64,8 +65,20 @@ impl TableHost {
         loop {
             let mut snapshots = self.snapshots()?;
             let (view, retake) = self.view_after(&mut snapshots, index).await?;
-            if !retake || attempt >= READ_ATTEMPTS {
+            if !retake {
                 return Ok((snapshots, view));
+            }
+            if attempt >= READ_ATTEMPTS {
+                // Never answered from a state that may miss replayed rows.
+                return Err(ServerError::Down {
+                    table: self.name().to_string(),
+                    shard: "reopening here".into(),
+                    cause: format!(
+                        "a shard reopened during each of {READ_ATTEMPTS} attempts of this read"
+                    ),
+                    down_secs: 0,
+                    retry_in_ms: 0,
+                });
             }
             tracing::debug!(table = %self.name(), attempt, "a shard reopened during the read; reading again");
             attempt += 1;
