@@ -169,15 +169,10 @@ impl Queries {
         let (this, text) = (self.clone(), sql.to_string());
         let (tx, rx) = tokio::sync::oneshot::channel();
         let work = async move {
-            let planned = async {
-                let ctx = this.context()?;
-                let df = ctx
-                    .sql_with_options(&text, options())
-                    .await
-                    .map_err(|e| refused(&text, e))?;
-                Ok::<SchemaRef, Status>(Arc::new(df.schema().as_arrow().clone()))
-            }
-            .await;
+            let planned = this
+                .logical(&text)
+                .await
+                .map(|(_, df)| Arc::new(df.schema().as_arrow().clone()));
             drop(permit);
             let _ = tx.send(planned);
         };
@@ -213,11 +208,7 @@ impl Queries {
         let expired = late.clone();
         let work = async move {
             let planned = async {
-                let ctx = this.context()?;
-                let df = ctx
-                    .sql_with_options(&text, options())
-                    .await
-                    .map_err(|e| refused(&text, e))?;
+                let (ctx, df) = this.logical(&text).await?;
                 let schema = Arc::new(df.schema().as_arrow().clone());
                 let batches = df.execute_stream().await.map_err(|e| refused(&text, e))?;
                 // The session stays until the query ends: its tables hold
@@ -276,6 +267,19 @@ impl Queries {
             _task: task,
         };
         Ok((schema, rows_of(rx, ending)))
+    }
+
+    /// `sql`'s logical plan, in a new session of its own ([`Self::context`]).
+    async fn logical(
+        &self,
+        sql: &str,
+    ) -> Result<(SessionContext, datafusion::dataframe::DataFrame), Status> {
+        let ctx = self.context()?;
+        let df = ctx
+            .sql_with_options(sql, options())
+            .await
+            .map_err(|e| refused(sql, e))?;
+        Ok((ctx, df))
     }
 
     /// A session with every served table and the search table functions
