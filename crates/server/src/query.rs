@@ -354,7 +354,7 @@ pub(crate) type RowStream = futures::stream::BoxStream<'static, Result<RecordBat
 
 /// The status of a query past its time limit.
 fn late(timeout: Duration, sql: &str) -> impl Fn() -> Status + Clone + Send + Sync + 'static {
-    let sql = sql.to_string();
+    let sql = excerpt(sql);
     move || Status::deadline_exceeded(format!("query ran past its {timeout:?} limit: {sql}"))
 }
 
@@ -503,8 +503,19 @@ fn options() -> SQLOptions {
         .with_allow_statements(false)
 }
 
+/// `sql` as a status message quotes it: at most 200 characters (a status
+/// travels in a header; a statement may be a megabyte).
+fn excerpt(sql: &str) -> String {
+    const MAX: usize = 200;
+    match sql.char_indices().nth(MAX) {
+        None => sql.to_string(),
+        Some((end, _)) => format!("{}... ({} bytes)", &sql[..end], sql.len()),
+    }
+}
+
 /// The status for a query DataFusion refused or failed.
 fn refused(sql: &str, e: DataFusionError) -> Status {
+    let sql = excerpt(sql);
     if let DataFusionError::External(inner) = e.find_root() {
         if let Some(read) = inner.downcast_ref::<crate::ServerError>() {
             // A table read failed (storage, a stopping daemon): its code.

@@ -120,6 +120,12 @@ async fn statements_past_their_caps_are_refused_and_those_within_run() {
     let sum = format!("SELECT 1{} AS n", "+1".repeat(999));
     let got = all(&queries, &sum).await.unwrap();
     assert_eq!(count(&got), 1000);
+    // A long statement that fails planning is quoted, not echoed whole
+    // (a status travels in a header).
+    let unknown = format!("SELECT nope, '{}'", "y".repeat(60_000));
+    let e = all(&queries, &unknown).await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.message().len() < 2000, "{} bytes", e.message().len());
     // vector_search's k is capped (before the column is even looked at).
     let search = "SELECT * FROM vector_search('t', 'v', '0.1,0.2', 10001)";
     refused(
