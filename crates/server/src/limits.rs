@@ -47,8 +47,9 @@ impl TableHost {
     /// empty (the shard read as published). A close that failed, or left
     /// rows unpublished (a put that raced it), leaves the shard down (due
     /// at once): reads refuse it (its rows are only in the WAL) until the
-    /// next put for it reopens it and replays them (nothing else reopens
-    /// a down shard yet); a fenced writer leaves it lost.
+    /// next put for it, or the host's reopener
+    /// ([`TableHost::spawn_reopener`]), reopens it and replays them; a
+    /// fenced writer leaves it lost.
     pub async fn close_idle_shards(&self) -> usize {
         let Some(idle) = self.shard_limits.lock().idle_close else {
             return 0;
