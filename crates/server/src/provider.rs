@@ -293,7 +293,7 @@ impl TableProvider for HostTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::HashMap;
 
     use arrow_array::cast::AsArray;
@@ -303,7 +303,8 @@ mod tests {
 
     use super::*;
 
-    async fn table(dir: &tempfile::TempDir) -> Arc<TableHost> {
+    /// A `bucket(id, 4)` table `t` in `dir`: `id` int64 key, `v` utf8.
+    pub(crate) async fn table(dir: &tempfile::TempDir) -> Arc<TableHost> {
         let path = dir.path().join("t").to_str().unwrap().to_string();
         let loc = memwal_store::open_store(&path).unwrap();
         let key = Field::new("id", DataType::Int64, false).with_metadata(
@@ -343,6 +344,22 @@ mod tests {
         out
     }
 
+    /// Rows of `ids` for `host`'s table, `v` = `value(id)`.
+    pub(crate) fn rows(
+        host: &TableHost,
+        ids: &[i64],
+        value: impl Fn(i64) -> String,
+    ) -> RecordBatch {
+        RecordBatch::try_new(
+            host.schema(),
+            vec![
+                Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
+                Arc::new(StringArray::from_iter_values(ids.iter().map(|&i| value(i)))),
+            ],
+        )
+        .unwrap()
+    }
+
     // Breaks if a query filtering on primary-key values reads the whole
     // table instead of looking the keys up, if the lookup's rows differ
     // from the whole read's, or if another filter is taken for a lookup.
@@ -351,16 +368,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = table(&dir).await;
         let ids: Vec<i64> = (0..20).collect();
-        let batch = RecordBatch::try_new(
-            host.schema(),
-            vec![
-                Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
-                Arc::new(StringArray::from_iter_values(
-                    ids.iter().map(|i| format!("v{i}")),
-                )),
-            ],
-        )
-        .unwrap();
+        let batch = rows(&host, &ids, |i| format!("v{i}"));
         host.write(&batch, false).await.unwrap();
         let hosts = HashMap::from([("t".to_string(), host.clone())]);
         let run = |sql: &'static str| {
@@ -393,16 +401,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = table(&dir).await;
         let ids: Vec<i64> = (0..5).collect();
-        let batch = RecordBatch::try_new(
-            host.schema(),
-            vec![
-                Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
-                Arc::new(StringArray::from_iter_values(
-                    ids.iter().map(|i| format!("v{i}")),
-                )),
-            ],
-        )
-        .unwrap();
+        let batch = rows(&host, &ids, |i| format!("v{i}"));
         host.write(&batch, false).await.unwrap();
         let planned = HostTable::new(host.clone(), Arc::new(ReadBudget::default()));
         let path = dir.path().join("t");

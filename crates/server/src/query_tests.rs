@@ -4,52 +4,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_array::RecordBatch;
 use futures::{StreamExt, TryStreamExt};
 use tonic::Code;
 
 use super::*;
 
-/// A bucket-sharded table `t` (`id` key, `v` text) holding `rows` rows.
+/// The provider tests' table `t` (`id` key, `v` text) holding `rows`
+/// rows of about 100 bytes each.
 async fn table(dir: &tempfile::TempDir, rows: i64) -> Arc<Hosts> {
-    let path = dir.path().join("t").to_str().unwrap().to_string();
-    let loc = memwal_store::open_store(&path).unwrap();
-    let key = Field::new("id", DataType::Int64, false).with_metadata(
-        [(
-            memwal_memtable::PRIMARY_KEY_KEY.to_string(),
-            "true".to_string(),
-        )]
-        .into(),
-    );
-    let schema = Arc::new(Schema::new(vec![
-        key,
-        Field::new("v", DataType::Utf8, true),
-    ]));
-    let sharding = memwal_compactor::TableSharding::Bucket {
-        column: "id".into(),
-        buckets: 2,
-    };
-    memwal_compactor::create_table(&loc, schema, &sharding)
-        .await
-        .unwrap();
-    let host = Arc::new(
-        TableHost::open("t", loc, memwal::ShardWriterConfig::default())
-            .await
-            .unwrap(),
-    );
+    let host = crate::provider::tests::table(dir).await;
     let ids: Vec<i64> = (0..rows).collect();
     for chunk in ids.chunks(10_000) {
-        let batch = RecordBatch::try_new(
-            host.schema(),
-            vec![
-                Arc::new(Int64Array::from(chunk.to_vec())) as ArrayRef,
-                Arc::new(StringArray::from_iter_values(
-                    chunk.iter().map(|i| format!("value {i:>20}")),
-                )),
-            ],
-        )
-        .unwrap();
+        let batch = crate::provider::tests::rows(&host, chunk, |i| format!("value {i:>20}"));
         host.write(&batch, false).await.unwrap();
     }
     Arc::new(HashMap::from([("t".to_string(), host)]))
