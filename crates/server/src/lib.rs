@@ -25,6 +25,7 @@ mod read;
 mod reads;
 mod search;
 mod slots;
+mod scan;
 mod sql;
 mod statement;
 mod table;

@@ -1,9 +1,10 @@
 //! A served table as DataFusion sees it: read when the query runs, as a
 //! key lookup ([`TableHost::lookup_keys`]) when the filters name
 //! primary-key values (`id = 4`, `id IN (1, 2)`, `a = 1 AND b = 2` for a
-//! composite key), else whole
-//! ([`TableHost::read_rows`]). Filters are pushed down `Inexact`:
-//! DataFusion still applies them, so a lookup only has to return a
+//! composite key), else as a stream of every level
+//! ([`TableHost::scan_plan`]: the columns asked for, the filters Lance can
+//! evaluate, a limit). Filters are pushed down `Inexact`: DataFusion
+//! still applies them, so a lookup or a level's scan only has to return a
 //! superset of the matching rows.
 
 use std::sync::Arc;
@@ -260,12 +261,15 @@ impl TableProvider for HostTable {
     ) -> Result<Vec<TableProviderFilterPushDown>> {
         Ok(filters
             .iter()
-            .map(
-                |f| match self.keys_of(f).is_some() || self.values_of(f).is_some() {
+            .map(|f| {
+                match self.keys_of(f).is_some()
+                    || self.values_of(f).is_some()
+                    || crate::scan::pushable(f)
+                {
                     true => TableProviderFilterPushDown::Inexact,
                     false => TableProviderFilterPushDown::Unsupported,
-                },
-            )
+                }
+            })
             .collect())
     }
 
@@ -276,19 +280,32 @@ impl TableProvider for HostTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let read = match self.keys_of_filters(filters) {
-            Some(keys) => self.host.lookup_keys(&keys).await,
-            None => self.host.read_rows().await,
+        if let Some(keys) = self.keys_of_filters(filters) {
+            let read = self.host.lookup_keys(&keys).await;
+            return serve(
+                read,
+                &self.read_bytes,
+                &self.schema,
+                state,
+                projection,
+                limit,
+            )
+            .await;
+        }
+        let out = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => self.schema.clone(),
         };
-        serve(
-            read,
-            &self.read_bytes,
-            &self.schema,
-            state,
-            projection,
+        let pushed: Vec<&Expr> = filters.iter().filter(|f| crate::scan::pushable(f)).collect();
+        let req = crate::scan::ScanRequest {
+            out,
+            filter: crate::scan::conjunction(&pushed),
             limit,
-        )
-        .await
+        };
+        self.host
+            .scan_plan(&req)
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))
     }
 }
 

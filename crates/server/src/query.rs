@@ -210,7 +210,10 @@ impl Queries {
             let planned = async {
                 let (ctx, df) = this.logical(&text).await?;
                 let schema = Arc::new(df.schema().as_arrow().clone());
-                let batches = df.execute_stream().await.map_err(|e| refused(&text, e))?;
+                let batches = df
+                    .execute_stream()
+                    .await
+                    .map_err(|e| refused(&text, e, &this.limits))?;
                 // The session stays until the query ends: its tables hold
                 // the memory reservations of the rows they read.
                 Ok::<_, Status>((schema, batches, ctx))
@@ -239,7 +242,7 @@ impl Queries {
                 };
                 let batch = match next {
                     None => break Ok(()),
-                    Some(Err(e)) => break Err(refused(&text, e)),
+                    Some(Err(e)) => break Err(refused(&text, e, &this.limits)),
                     Some(Ok(batch)) => batch,
                 };
                 tokio::select! {
@@ -250,7 +253,11 @@ impl Queries {
             // Everything the query held is given back before its reader
             // learns it ended: its memory, then its slot.
             drop(batches);
+            let pool = session.runtime_env().memory_pool.clone();
             drop(session);
+            // Operators' spawned tasks (repartitions) free their buffers
+            // when their runtime drops them, just after the abort.
+            settled(pool.as_ref()).await;
             drop(permit);
             *ended.lock() = Some(result);
         };
@@ -278,7 +285,7 @@ impl Queries {
         let df = ctx
             .sql_with_options(sql, options())
             .await
-            .map_err(|e| refused(sql, e))?;
+            .map_err(|e| refused(sql, e, &self.limits))?;
         Ok((ctx, df))
     }
 
@@ -356,6 +363,18 @@ pub(crate) type RowStream = futures::stream::BoxStream<'static, Result<RecordBat
 fn late(timeout: Duration, sql: &str) -> impl Fn() -> Status + Clone + Send + Sync + 'static {
     let sql = excerpt(sql);
     move || Status::deadline_exceeded(format!("query ran past its {timeout:?} limit: {sql}"))
+}
+
+/// Returns once `pool` holds nothing (the query's operators, their
+/// spawned tasks included, gave back their memory), or after a second.
+async fn settled(pool: &dyn MemoryPool) {
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while pool.reserved() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    if pool.reserved() > 0 {
+        tracing::warn!(bytes = pool.reserved(), "a query ended still holding memory");
+    }
 }
 
 /// One query's memory: at most `limit` bytes of it, and what it takes is
@@ -514,7 +533,7 @@ fn excerpt(sql: &str) -> String {
 }
 
 /// The status for a query DataFusion refused or failed.
-fn refused(sql: &str, e: DataFusionError) -> Status {
+fn refused(sql: &str, e: DataFusionError, limits: &QueryLimits) -> Status {
     let sql = excerpt(sql);
     if let DataFusionError::External(inner) = e.find_root() {
         if let Some(read) = inner.downcast_ref::<crate::ServerError>() {
@@ -524,7 +543,14 @@ fn refused(sql: &str, e: DataFusionError) -> Status {
     }
     match e.find_root() {
         DataFusionError::ResourcesExhausted(m) => {
-            Status::resource_exhausted(format!("query over its memory budget: {m}"))
+            // An operator may report its own words (`while Sorting`): the
+            // limits are named here whatever it says.
+            Status::resource_exhausted(format!(
+                "query over its memory budget (query_memory_mib: {} MiB for one query, \
+                 query_total_memory_mib: {} MiB for all): {m}",
+                limits.memory_bytes >> 20,
+                limits.total_memory_bytes >> 20
+            ))
         }
         DataFusionError::Execution(_) | DataFusionError::ArrowError(..) => {
             Status::internal(format!("query failed: {e} ({sql})"))

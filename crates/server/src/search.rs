@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
-use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch, UInt32Array};
+use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use datafusion::logical_expr::{Expr, ExprSchemable};
 use lance::dataset::mem_wal::LsmScanner;
@@ -92,8 +92,7 @@ impl TableHost {
         self.count_read("vector");
         let out = result_schema(&schema, DISTANCE_COLUMN);
         let Some(spec) = self.maintained_index(column, "vector").await? else {
-            let rows = self.scan(filter, None, None).await?;
-            return exact_nearest(&rows, column, vector, k, &out).map_err(invalid);
+            return self.exact_nearest(column, vector, k, filter, &out).await;
         };
         let IndexKind::Vector(v) = &spec.kind else {
             return Err(invalid(format!("`{}` is not a vector index", spec.name)));
@@ -175,6 +174,34 @@ impl TableHost {
         }
     }
 
+    /// The `k` live rows matching `filter` nearest to `vector` in
+    /// `column` by squared L2, nearest first, in `out`: every live row's
+    /// distance, computed as the table streams by, keeping only the `k`
+    /// best so far (memory: `k` rows and one batch).
+    async fn exact_nearest(
+        &self,
+        column: &str,
+        vector: &[f32],
+        k: usize,
+        filter: Option<Expr>,
+        out: &SchemaRef,
+    ) -> Result<RecordBatch, ServerError> {
+        let mut rows = self.scan_stream(filter, None, None).await?;
+        let mut best = RecordBatch::new_empty(out.clone());
+        while let Some(batch) = futures::StreamExt::next(&mut rows).await {
+            let batch = batch.map_err(|e| self.query_failed(e))?;
+            let more = scored(&batch, column, vector, out)
+                .and_then(|more| {
+                    arrow_select::concat::concat_batches(out, [&best, &more])
+                        .map_err(|e| e.to_string())
+                })
+                .and_then(|all| nearest_k(&all, k))
+                .map_err(|e| self.failed("vector search", e))?;
+            best = more;
+        }
+        Ok(best)
+    }
+
     /// The maintained index of kind `label` (`vector`, `inverted`) on
     /// `column`, as the base table now lists it.
     async fn maintained_index(
@@ -253,13 +280,12 @@ fn ranked(found: &RecordBatch, out: &SchemaRef, descending: bool) -> Result<Reco
     arrow_select::take::take_record_batch(&batch, &order).map_err(|e| e.to_string())
 }
 
-/// The `k` rows of `rows` whose `column` is nearest to `query` (squared
-/// L2), nearest first, in `out` (`rows`' columns plus the distance).
-fn exact_nearest(
+/// The rows of `rows` (in `out`: their columns plus the distance) whose
+/// `column` is not null, each with its squared L2 distance to `query`.
+fn scored(
     rows: &RecordBatch,
     column: &str,
     query: &[f32],
-    k: usize,
     out: &SchemaRef,
 ) -> Result<RecordBatch, String> {
     let values = rows
@@ -273,23 +299,37 @@ fn exact_nearest(
         .as_primitive_opt::<Float32Type>()
         .ok_or_else(|| format!("`{column}` does not hold float32 values"))?;
     let dim = query.len();
-    let mut scored: Vec<(f32, u32)> = (0..list.len())
-        .filter(|&r| list.is_valid(r))
+    let distances: Float32Array = (0..list.len())
         .map(|r| {
-            let at = list.value_offset(r) as usize;
-            let row = &flat.values()[at..at + dim];
-            let d: f32 = row.iter().zip(query).map(|(a, b)| (a - b) * (a - b)).sum();
-            (d, r as u32)
+            list.is_valid(r).then(|| {
+                let at = list.value_offset(r) as usize;
+                let row = &flat.values()[at..at + dim];
+                row.iter().zip(query).map(|(a, b)| (a - b) * (a - b)).sum()
+            })
         })
         .collect();
-    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
-    scored.truncate(k);
-    let indices = UInt32Array::from_iter_values(scored.iter().map(|s| s.1));
-    let picked =
-        arrow_select::take::take_record_batch(rows, &indices).map_err(|e| e.to_string())?;
-    let mut columns = picked.columns().to_vec();
-    columns.push(Arc::new(Float32Array::from_iter_values(
-        scored.iter().map(|s| s.0),
-    )));
-    RecordBatch::try_new(out.clone(), columns).map_err(|e| e.to_string())
+    let mut columns = rows.columns().to_vec();
+    columns.push(Arc::new(distances.clone()));
+    let all = RecordBatch::try_new(out.clone(), columns).map_err(|e| e.to_string())?;
+    let has_vector = arrow_array::BooleanArray::from_iter(
+        (0..distances.len()).map(|r| Some(distances.is_valid(r))),
+    );
+    arrow_select::filter::filter_record_batch(&all, &has_vector).map_err(|e| e.to_string())
+}
+
+/// The `k` rows of `rows` (in `out`, distance last) nearest first.
+fn nearest_k(rows: &RecordBatch, k: usize) -> Result<RecordBatch, String> {
+    let Some(distance) = rows.columns().last() else {
+        return Ok(rows.clone());
+    };
+    let order = datafusion::arrow::compute::sort_to_indices(
+        distance,
+        Some(datafusion::arrow::compute::SortOptions {
+            descending: false,
+            nulls_first: false,
+        }),
+        Some(k),
+    )
+    .map_err(|e| e.to_string())?;
+    arrow_select::take::take_record_batch(rows, &order).map_err(|e| e.to_string())
 }

@@ -1,0 +1,573 @@
+//! Scanning a served table as a stream: the plan a query runs to read the
+//! table's live rows, level by level, never the whole table at once.
+//!
+//! The snapshot rules are those of [`crate::read`] (each held writer's
+//! snapshot, then the published view): every put acknowledged before the
+//! plan is made is in it, no unacknowledged row is, no fenced writer's row
+//! is. A keyed table is scanned by upstream's LSM planner
+//! (`LsmScanner::create_plan`): each level (the base, the published
+//! SSTables above what it holds, the held memtables) deduplicated on its
+//! own, and a key's older copies dropped by the newer levels' key lists,
+//! so no key appears twice and the filter can run inside each level's
+//! scan. An append-only table is the union of its levels, each a scan of
+//! its own (in parallel partitions).
+//!
+//! What is pushed down: the columns asked for (a `count(*)` reads the key
+//! columns only), the filters of [`pushable`] form (Lance evaluates them
+//! in its scans, with its scalar indexes and statistics; they are pushed
+//! `Inexact`, so the query applies them again), and a `LIMIT` (the scan
+//! stops when it has that many rows). Memory: the levels stream batch by
+//! batch; what a query keeps (sorts, aggregates) is charged to its
+//! DataFusion pool by the operators that keep it. The held memtables are
+//! the writers' own rows (shared, bounded by the writers' memtable
+//! limits), not copied for a read.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch, RecordBatchOptions};
+use arrow_schema::SchemaRef;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DataFusionError};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{Expr, Operator};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::limit::GlobalLimitExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::UnionExec;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+
+use crate::read::{column_or_nulls, Snapshots};
+use crate::{ServerError, TableHost};
+
+/// The storage schema's tombstone column (memtable, WAL and SSTable rows).
+const TOMBSTONE: &str = memwal_memtable::TOMBSTONE_COLUMN;
+
+/// What a scan returns.
+#[derive(Debug, Clone)]
+pub(crate) struct ScanRequest {
+    /// The columns, by name, in this order and these types: the table's
+    /// schema (as the query was planned) projected. A column the table
+    /// no longer has reads as nulls.
+    pub(crate) out: SchemaRef,
+    /// Rows failing it may be left out (it is of [`pushable`] form, over
+    /// unqualified column names); `None`: no filter. Never exact: the
+    /// caller filters again.
+    pub(crate) filter: Option<Expr>,
+    /// At most this many rows are needed (no filter is left to the
+    /// caller when this is set).
+    pub(crate) limit: Option<usize>,
+}
+
+impl TableHost {
+    /// A plan streaming the table's live rows as of now (see the module
+    /// docs) in `req.out`'s columns. The snapshot and view are taken here;
+    /// the levels are read when the plan runs. Refused as every read is
+    /// while a held shard is down or failed ([`Self::snapshot_and_view`]).
+    pub(crate) async fn scan_plan(
+        &self,
+        req: &ScanRequest,
+    ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
+        let keys: Vec<String> = self
+            .key_schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        self.scans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "scan")
+            .increment(1);
+        let (snapshots, view) = self.snapshot_and_view(None).await?;
+        // The chaos suite's broken variant reads a keyed table's levels
+        // one after the other, unmerged (its read checks must catch it).
+        let plan = if keys.is_empty() || memwal_store::broken("broken::read_levels_unmerged") {
+            self.levels_unioned(req, snapshots, &view).await?
+        } else {
+            self.levels_merged(req, &keys, &snapshots, &view).await?
+        };
+        Ok(match req.limit {
+            Some(n) => {
+                let one: Arc<dyn ExecutionPlan> = match plan.properties().output_partitioning().partition_count() {
+                    1 => plan,
+                    _ => Arc::new(CoalescePartitionsExec::new(plan)),
+                };
+                Arc::new(GlobalLimitExec::new(one, 0, Some(n)))
+            }
+            None => plan,
+        })
+    }
+
+    /// A keyed table's levels merged by upstream's LSM planner.
+    async fn levels_merged(
+        &self,
+        req: &ScanRequest,
+        keys: &[String],
+        snapshots: &Snapshots,
+        view: &memwal_compactor::TableView,
+    ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
+        let failed = |what: &str, e: String| ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("{what}: {e}"),
+        };
+        let base: arrow_schema::Schema = view.base.schema().into();
+        let mut scanner = lance::dataset::mem_wal::LsmScanner::new(
+            view.base.clone(),
+            view.snapshots(),
+            keys.to_vec(),
+        );
+        self.memtables
+            .keep_only(&snapshots.keys().copied().collect());
+        for s in snapshots.values() {
+            if let Some(m) = self
+                .memtables
+                .of(s, keys, &[])
+                .map_err(|e| failed("reading unflushed rows", e))?
+            {
+                scanner = scanner.with_in_memory_memtables(s.shard.uuid(), m);
+            }
+        }
+        // Only what the table has now; the rest reads as nulls.
+        let columns = present(&req.out, &base);
+        scanner = scanner
+            .project(&columns)
+            .map_err(|e| failed("projecting the scan", e.to_string()))?;
+        if let Some(f) = req.filter.as_ref().filter(|f| applies_to(f, &base)) {
+            scanner = scanner.filter_expr(f.clone());
+        }
+        if let Some(n) = req.limit {
+            scanner = scanner
+                .limit(Some(n as i64), None)
+                .map_err(|e| failed("limiting the scan", e.to_string()))?;
+        }
+        let plan = scanner
+            .create_plan()
+            .await
+            .map_err(|e| failed("planning the scan", e.to_string()))?;
+        Ok(Arc::new(Conformed::new(plan, req.out.clone())))
+    }
+
+    /// Every level's rows, unmerged (an append-only table has no key to
+    /// merge by): the base, each shard's SSTables in the view, the held
+    /// writers' unflushed rows; one partition per level.
+    async fn levels_unioned(
+        &self,
+        req: &ScanRequest,
+        snapshots: Snapshots,
+        view: &memwal_compactor::TableView,
+    ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
+        let mut arms: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
+        // Only the base has no tombstones to drop after its scan: a limit
+        // is pushed into its scan alone.
+        arms.push(self.level_scan(&view.base, req, req.limit, "the base").await?);
+        let lance_store = memwal_sstable::LanceStore::new(self.loc.store.clone());
+        for shard in &view.shards {
+            let layout = memwal_fencing::ShardLayout::new(&self.loc.root, shard.shard);
+            for t in &shard.sstables {
+                let dir = layout.sstable_dir(&t.path);
+                let what = format!("SSTable {dir}");
+                let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance_store.uri(&dir))
+                    .with_session(lance_store.session().clone())
+                    .load()
+                    .await
+                    .map_err(|e| ServerError::Setup {
+                        table: self.name().to_string(),
+                        reason: format!("opening {what}: {e}"),
+                    })?;
+                arms.push(self.level_scan(&Arc::new(ds), req, None, &what).await?);
+            }
+        }
+        let mut unflushed = Vec::new();
+        for s in snapshots.into_values() {
+            for b in &s.batches {
+                let b = conform(b, &req.out).map_err(|e| ServerError::Setup {
+                    table: self.name().to_string(),
+                    reason: format!("reading unflushed rows: {e}"),
+                })?;
+                if b.num_rows() > 0 {
+                    unflushed.push(b);
+                }
+            }
+        }
+        if !unflushed.is_empty() {
+            let memory = datafusion::datasource::memory::MemorySourceConfig::try_new_exec(
+                &[unflushed],
+                req.out.clone(),
+                None,
+            )
+            .map_err(|e| ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("reading unflushed rows: {e}"),
+            })?;
+            arms.push(memory);
+        }
+        Ok(match arms.len() {
+            1 => arms.remove(0),
+            _ => UnionExec::try_new(arms).map_err(|e| ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("planning the scan: {e}"),
+            })?,
+        })
+    }
+
+    /// One Lance dataset's rows in `req.out` (its tombstones dropped):
+    /// the columns it has (and its tombstones), `req.filter` where every
+    /// column it names is there, at most `limit` rows.
+    async fn level_scan(
+        &self,
+        ds: &Arc<lance::Dataset>,
+        req: &ScanRequest,
+        limit: Option<usize>,
+        what: &str,
+    ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
+        let failed = |e: String| ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("scanning {what}: {e}"),
+        };
+        let schema: arrow_schema::Schema = ds.schema().into();
+        let mut columns = present(&req.out, &schema);
+        if schema.column_with_name(TOMBSTONE).is_some() {
+            columns.push(TOMBSTONE.to_string());
+        }
+        if columns.is_empty() {
+            // A row count needs some column: the narrowest will do.
+            columns.extend(narrowest(&schema));
+        }
+        let mut scanner = ds.scan();
+        scanner
+            .project(&columns)
+            .map_err(|e| failed(e.to_string()))?;
+        if let Some(f) = req.filter.as_ref().filter(|f| applies_to(f, &schema)) {
+            scanner.filter_expr(f.clone());
+        }
+        if limit.is_some() {
+            scanner
+                .limit(limit.map(|n| n as i64), None)
+                .map_err(|e| failed(e.to_string()))?;
+        }
+        let plan = scanner
+            .create_plan()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok(Arc::new(Conformed::new(plan, req.out.clone())))
+    }
+}
+
+impl TableHost {
+    /// The live rows as of now (the rules of [`crate::read`]) that match
+    /// `filter` (a DataFusion expression over the table's columns;
+    /// `None`: every row), with only `columns` (`None`: all, in table
+    /// order), at most `limit` of them, as a stream: the levels are read
+    /// as it is polled, as a query reads them. [`ServerError::InvalidInput`]
+    /// names a filter or a column that does not fit the table; a refused
+    /// read is the refusal of [`Self::snapshot_and_view`].
+    pub async fn scan_stream(
+        &self,
+        filter: Option<Expr>,
+        columns: Option<&[&str]>,
+        limit: Option<usize>,
+    ) -> Result<SendableRecordBatchStream, ServerError> {
+        let invalid = |e: DataFusionError| ServerError::InvalidInput {
+            table: self.name().to_string(),
+            reason: format!("scan: {e}"),
+        };
+        let schema = self.schema();
+        let out = match columns {
+            None => schema.clone(),
+            Some(names) => {
+                let at = names
+                    .iter()
+                    .map(|n| schema.index_of(n))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| invalid(e.into()))?;
+                Arc::new(schema.project(&at).map_err(|e| invalid(e.into()))?)
+            }
+        };
+        let state = datafusion::prelude::SessionContext::new().state();
+        // Checked (and coerced to the columns' types) before anything is read.
+        let predicate = match &filter {
+            Some(f) => {
+                let columns = datafusion::common::DFSchema::try_from(schema.as_ref().clone())
+                    .map_err(invalid)?;
+                let p = state
+                    .create_physical_expr(f.clone(), &columns)
+                    .map_err(invalid)?;
+                match p.data_type(&schema).map_err(invalid)? {
+                    arrow_schema::DataType::Boolean => Some(p),
+                    other => {
+                        return Err(invalid(DataFusionError::Plan(format!(
+                            "the filter is {other}, not a boolean"
+                        ))))
+                    }
+                }
+            }
+            None => None,
+        };
+        let pushed = filter.as_ref().filter(|f| pushable(f));
+        let req = ScanRequest {
+            out: if predicate.is_some() { schema } else { out.clone() },
+            filter: pushed.and_then(|f| conjunction(&[f])),
+            limit: if predicate.is_some() { None } else { limit },
+        };
+        let mut plan = self.scan_plan(&req).await?;
+        if let Some(p) = predicate {
+            let filtered = datafusion::physical_plan::filter::FilterExec::try_new(p, plan)
+                .map_err(invalid)?;
+            plan = Arc::new(Conformed::new(Arc::new(filtered), out));
+            if let Some(n) = limit {
+                plan = Arc::new(GlobalLimitExec::new(
+                    Arc::new(CoalescePartitionsExec::new(plan)),
+                    0,
+                    Some(n),
+                ));
+            }
+        }
+        datafusion::physical_plan::execute_stream(plan, state.task_ctx())
+            .map_err(|e| self.query_failed(e))
+    }
+
+    /// [`Self::scan_stream`]'s rows, all of them, in one batch.
+    pub async fn scan(
+        &self,
+        filter: Option<Expr>,
+        columns: Option<&[&str]>,
+        limit: Option<usize>,
+    ) -> Result<RecordBatch, ServerError> {
+        let stream = self.scan_stream(filter, columns, limit).await?;
+        let schema = stream.schema();
+        let batches: Vec<RecordBatch> = futures::TryStreamExt::try_collect(stream)
+            .await
+            .map_err(|e| self.query_failed(e))?;
+        arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| {
+            ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("scan: {e}"),
+            }
+        })
+    }
+
+    /// Every live row of the table as of now, in its schema (an
+    /// append-only table: every row of every level).
+    pub async fn read_rows(&self) -> Result<RecordBatch, ServerError> {
+        self.scan(None, None, None).await
+    }
+
+    /// The error of a scan that failed while it ran: a read's own refusal
+    /// or failure as it was raised, anything else named as a failed scan.
+    pub(crate) fn query_failed(&self, e: DataFusionError) -> ServerError {
+        let text = e.to_string();
+        match raised(e) {
+            Some(read) => read,
+            None => ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("scan: {text}"),
+            },
+        }
+    }
+}
+
+/// The [`ServerError`] `e` carries (a table read's own error, raised
+/// while the query ran), if any.
+fn raised(e: DataFusionError) -> Option<ServerError> {
+    match e {
+        DataFusionError::External(inner) => inner.downcast::<ServerError>().ok().map(|b| *b),
+        DataFusionError::Context(_, inner) => raised(*inner),
+        DataFusionError::Shared(shared) => Arc::try_unwrap(shared).ok().and_then(raised),
+        _ => None,
+    }
+}
+
+/// The names of `out`'s columns that `schema` has, in `out`'s order.
+fn present(out: &SchemaRef, schema: &arrow_schema::Schema) -> Vec<String> {
+    out.fields()
+        .iter()
+        .filter(|f| schema.column_with_name(f.name()).is_some())
+        .map(|f| f.name().clone())
+        .collect()
+}
+
+/// The name of `schema`'s narrowest fixed-width column (else its first).
+fn narrowest(schema: &arrow_schema::Schema) -> Option<String> {
+    schema
+        .fields()
+        .iter()
+        .filter(|f| f.name() != TOMBSTONE)
+        .min_by_key(|f| f.data_type().primitive_width().unwrap_or(usize::MAX))
+        .map(|f| f.name().clone())
+}
+
+/// Whether every column `filter` names is in `schema` (else the filter is
+/// not pushed into that level's scan; the query applies it above).
+fn applies_to(filter: &Expr, schema: &arrow_schema::Schema) -> bool {
+    filter
+        .column_refs()
+        .iter()
+        .all(|c| schema.column_with_name(&c.name).is_some())
+}
+
+/// Whether `filter` is of a form Lance's scans evaluate as DataFusion
+/// does: columns, literals, comparisons, boolean logic, arithmetic,
+/// `IS [NOT] NULL`, `BETWEEN`, `IN` lists, `LIKE` and casts. Anything
+/// else (functions, subqueries) is left to the query.
+pub(crate) fn pushable(filter: &Expr) -> bool {
+    !filter
+        .exists(|e| {
+            Ok(!match e {
+                Expr::Column(_) | Expr::Literal(..) => true,
+                Expr::BinaryExpr(b) => matches!(
+                    b.op,
+                    Operator::Eq
+                        | Operator::NotEq
+                        | Operator::Lt
+                        | Operator::LtEq
+                        | Operator::Gt
+                        | Operator::GtEq
+                        | Operator::And
+                        | Operator::Or
+                        | Operator::Plus
+                        | Operator::Minus
+                        | Operator::Multiply
+                        | Operator::Divide
+                ),
+                Expr::Not(_)
+                | Expr::IsNull(_)
+                | Expr::IsNotNull(_)
+                | Expr::Between(_)
+                | Expr::InList(_)
+                | Expr::Cast(_)
+                | Expr::Negative(_) => true,
+                Expr::Like(l) => !l.case_insensitive,
+                _ => false,
+            })
+        })
+        .unwrap_or(true)
+}
+
+/// `filters` (each [`pushable`]) as one conjunction over unqualified
+/// column names; `None` when there are none.
+pub(crate) fn conjunction(filters: &[&Expr]) -> Option<Expr> {
+    let unqualified = filters.iter().map(|f| {
+        (*f).clone()
+            .transform(|e| {
+                Ok(match e {
+                    Expr::Column(c) if c.relation.is_some() => {
+                        Transformed::yes(Expr::Column(Column::new_unqualified(c.name)))
+                    }
+                    other => Transformed::no(other),
+                })
+            })
+            .map(|t| t.data)
+            .unwrap_or_else(|_| (*f).clone())
+    });
+    unqualified.reduce(|a, b| a.and(b))
+}
+
+/// `b` in `out`'s columns (matched by Lance field id, else name; a column
+/// `b` lacks reads as nulls), its tombstoned rows dropped.
+fn conform(b: &RecordBatch, out: &SchemaRef) -> Result<RecordBatch, arrow_schema::ArrowError> {
+    let live = match b.column_by_name(TOMBSTONE) {
+        Some(t) => {
+            let live =
+                BooleanArray::from_iter(t.as_boolean().iter().map(|x| Some(!x.unwrap_or(false))));
+            arrow_select::filter::filter_record_batch(b, &live)?
+        }
+        None => b.clone(),
+    };
+    let columns = out
+        .fields()
+        .iter()
+        .map(|f| column_or_nulls(&live, f))
+        .collect::<Vec<ArrayRef>>();
+    RecordBatch::try_new_with_options(
+        out.clone(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(live.num_rows())),
+    )
+}
+
+/// A scan planned by Lance (upstream's LSM planner, or a dataset's
+/// scanner), run as planned, its batches in the query's columns
+/// ([`conform`]).
+///
+/// A leaf to the query's optimizer: the plan inside is not shown to it,
+/// so it is not rewritten. It would be otherwise: DataFusion adds
+/// round-robin repartitions under upstream's ordered concatenation of the
+/// levels, which reads its inputs one after the other, and a repartition
+/// whose second output is not read yet buffers it whole (a level's rows
+/// in memory, past any query budget).
+#[derive(Debug)]
+struct Conformed {
+    input: Arc<dyn ExecutionPlan>,
+    out: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl Conformed {
+    fn new(input: Arc<dyn ExecutionPlan>, out: SchemaRef) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(out.clone()),
+            input.properties().output_partitioning().clone(),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Self {
+            input,
+            out,
+            properties,
+        }
+    }
+}
+
+impl DisplayAs for Conformed {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let inner = datafusion::physical_plan::displayable(self.input.as_ref()).one_line();
+        write!(f, "MemwalConformed: {}", inner.to_string().trim_end())
+    }
+}
+
+impl ExecutionPlan for Conformed {
+    fn name(&self) -> &str {
+        "MemwalConformed"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        match children.len() {
+            0 => Ok(self),
+            n => Err(DataFusionError::Internal(format!(
+                "MemwalConformed is a leaf, given {n} inputs"
+            ))),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::common::Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let out = self.out.clone();
+        let batches = input.map(move |b| {
+            b.and_then(|b| conform(&b, &out).map_err(|e| DataFusionError::ArrowError(Box::new(e), None)))
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.out.clone(),
+            batches,
+        )))
+    }
+}
