@@ -121,7 +121,7 @@ impl TableHost {
     /// holds are read from the base.
     async fn lookup_published(
         &self,
-        view: &memwal_compactor::TableView,
+        view: &memwal_table::TableView,
         key_names: &[String],
         keys: &[Vec<ScalarValue>],
     ) -> Result<RecordBatch, ServerError> {

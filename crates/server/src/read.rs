@@ -60,7 +60,7 @@ impl TableHost {
     pub(crate) async fn snapshot_and_view(
         &self,
         index: Option<&str>,
-    ) -> Result<(Snapshots, memwal_compactor::TableView), ServerError> {
+    ) -> Result<(Snapshots, memwal_table::TableView), ServerError> {
         let mut attempt = 1;
         loop {
             let mut snapshots = self.snapshots()?;
@@ -158,11 +158,11 @@ impl TableHost {
         &self,
         snapshots: &mut Snapshots,
         index: Option<&str>,
-    ) -> Result<(memwal_compactor::TableView, bool), ServerError> {
+    ) -> Result<(memwal_table::TableView, bool), ServerError> {
         // Tests widen this window (`sleep`) to prove the order holds.
         memwal_store::crash_point("server::read_after_snapshots");
         let mut view =
-            memwal_compactor::table_view(&self.loc, index, &memwal_store::RetryPolicy::default())
+            memwal_table::table_view(&self.loc, index, &memwal_store::RetryPolicy::default())
                 .await
                 .map_err(|e| ServerError::Setup {
                     table: self.name().to_string(),
@@ -432,7 +432,7 @@ pub(crate) fn field_id(f: &Field) -> Option<i32> {
 /// unflushed rows, all of them (no key to merge by).
 async fn append_only(
     host: &TableHost,
-    view: &memwal_compactor::TableView,
+    view: &memwal_table::TableView,
     unflushed: &[RecordBatch],
 ) -> Result<RecordBatch, String> {
     use futures::TryStreamExt;

@@ -216,10 +216,10 @@ impl std::fmt::Debug for TableHost {
 }
 
 /// A manifest that was read but does not decode (not a storage failure).
-fn is_corrupt(e: &memwal_compactor::CompactorError) -> bool {
+fn is_corrupt(e: &memwal_table::TableError) -> bool {
     matches!(
         e,
-        memwal_compactor::CompactorError::Manifest { source, .. }
+        memwal_table::TableError::Manifest { source, .. }
             if matches!(**source, memwal_fencing::FencingError::Corrupt { .. })
     )
 }
@@ -335,22 +335,18 @@ impl TableHost {
     }
 
     async fn open_existing(&self) -> Result<(), ServerError> {
-        let shards = memwal_compactor::list_shards(&self.loc)
+        let shards = memwal_table::list_shards(&self.loc)
             .await
             .map_err(|e| self.setup(e.to_string()))?;
         let mut found: BTreeMap<ShardKey, ShardId> = BTreeMap::new();
         let mut failed: BTreeMap<ShardKey, Slot> = BTreeMap::new();
         for shard in shards {
-            let m = match memwal_compactor::latest_manifest(
-                &self.loc,
-                shard,
-                &RetryPolicy::default(),
-            )
-            .await
+            let m = match memwal_table::latest_manifest(&self.loc, shard, &RetryPolicy::default())
+                .await
             {
                 Ok(Some(m)) => m,
                 Ok(None) => continue,
-                Err(e @ memwal_compactor::CompactorError::Manifest { .. }) if is_corrupt(&e) => {
+                Err(e @ memwal_table::TableError::Manifest { .. }) if is_corrupt(&e) => {
                     // Whose rows the shard holds is in the manifest that does
                     // not decode; a shard id derived from a known key ties it
                     // to them. Any other shard is refused with the table:
