@@ -100,7 +100,7 @@ impl TableHost {
     /// published: by its new owner.
     pub(crate) fn snapshots(&self) -> Result<Snapshots, ServerError> {
         let mut snapshots = HashMap::new();
-        for (key, slot) in self.slots.snapshot() {
+        for (key, slot) in self.shards().snapshot() {
             let w = match &slot {
                 Slot::Live(w) | Slot::Closing(w) => w,
                 Slot::Lost { .. } => continue,
@@ -118,7 +118,7 @@ impl TableHost {
                 Err(_) => {
                     // It stopped just now: the slot says how (down,
                     // failed, or lost).
-                    match self.slots.cell(&key).current() {
+                    match self.shards().cell(&key).current() {
                         Some(slot @ (Slot::Down { .. } | Slot::Failed { .. })) => {
                             return Err(self.refused_read(&slot));
                         }
@@ -162,7 +162,7 @@ impl TableHost {
         // Tests widen this window (`sleep`) to prove the order holds.
         memwal_store::crash_point("server::read_after_snapshots");
         let mut view =
-            memwal_table::table_view(&self.loc, index, &memwal_store::RetryPolicy::default())
+            memwal_table::table_view(self.loc(), index, &memwal_store::RetryPolicy::default())
                 .await
                 .map_err(|e| ServerError::Setup {
                     table: self.name().to_string(),
@@ -201,7 +201,7 @@ impl TableHost {
              (another writer claimed the shard)"
         );
         let mut held = false;
-        for (key, cell) in self.slots.cells() {
+        for (key, cell) in self.shards().cells() {
             match cell.current() {
                 Some(Slot::Live(w) | Slot::Closing(w)) if w.shard() == shard => {
                     if w.epoch() == owner {
@@ -475,9 +475,9 @@ async fn append_only(
     for b in scan(&view.base).await? {
         out.extend(project(&b)?);
     }
-    let lance_store = memwal_sstable::LanceStore::new(host.loc.store.clone());
+    let lance_store = memwal_sstable::LanceStore::new(host.loc().store.clone());
     for shard in &view.shards {
-        let layout = memwal_fencing::ShardLayout::new(&host.loc.root, shard.shard);
+        let layout = memwal_fencing::ShardLayout::new(&host.loc().root, shard.shard);
         for t in &shard.sstables {
             let dir = layout.sstable_dir(&t.path);
             let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance_store.uri(&dir))
