@@ -164,9 +164,10 @@ impl TableHost {
         let mut view =
             memwal_table::table_view(self.loc(), index, &memwal_store::RetryPolicy::default())
                 .await
-                .map_err(|e| ServerError::Setup {
+                .map_err(|source| ServerError::Read {
                     table: self.name().to_string(),
-                    reason: format!("reading the published view: {e}"),
+                    what: "reading the published view",
+                    source,
                 })?;
         let mut retake = false;
         for shard in &mut view.shards {
@@ -306,9 +307,13 @@ impl TableHost {
         let rows = scanner
             .try_into_batch()
             .await
-            .map_err(|e| ServerError::Setup {
+            .map_err(|source| ServerError::Read {
                 table: self.name().to_string(),
-                reason: format!("scanning the table: {e}"),
+                what: "scanning the table",
+                source: memwal_table::TableError::Read {
+                    uri: self.loc().uri.clone(),
+                    source,
+                },
             })?;
         let schema = self.schema();
         let columns = schema

@@ -71,3 +71,14 @@ pub enum TableError {
         source: Box<object_store::Error>,
     },
 }
+
+impl TableError {
+    /// Whether the failure is a storage failure that may pass if the read
+    /// is tried again: the first object_store error behind it is transient
+    /// by [`memwal_store::is_transient`] (timeouts, connection failures,
+    /// throttling, 5xx). False for everything else: a missing or corrupt
+    /// table, a refusal, a lance failure that names no store error.
+    pub fn is_transient(&self) -> bool {
+        memwal_store::is_transient_cause(self)
+    }
+}
