@@ -617,7 +617,7 @@ async fn an_index_kind_memwal_cannot_mirror_is_refused_when_listed_and_skipped_o
 /// for an index-served read (`index`) or a data scan (`None`).
 async fn view_scanner(uri: &str, index: Option<&str>) -> LsmScanner {
     let loc = memwal_store::open_store(uri).unwrap();
-    let view = memwal_compactor::table_view(&loc, index, &memwal_store::RetryPolicy::default())
+    let view = memwal_table::table_view(&loc, index, &memwal_store::RetryPolicy::default())
         .await
         .unwrap();
     let base = Arc::new(Dataset::open(uri).await.unwrap());

@@ -30,9 +30,10 @@ use lance::dataset::{
 };
 use lance::Dataset;
 use memwal::{ShardId, ShardWriter, ShardWriterConfig};
-use memwal_compactor::{create_table, Compactor, CompactorConfig, TableSharding};
+use memwal_compactor::{Compactor, CompactorConfig};
 use memwal_sstable::LanceStore;
 use memwal_store::{open_store, StoreLocation};
+use memwal_table::{create_table, TableSharding};
 
 const ROW_BYTES: usize = 1024;
 const PAYLOAD: usize = ROW_BYTES - 8;

@@ -40,8 +40,8 @@ use lance::dataset::mem_wal::scanner::{LsmDataSourceCollector, LsmPointLookupPla
 use lance::dataset::mem_wal::{DatasetMemWalExt, LsmScanner, ShardWriter as UpWriter};
 use lance::dataset::{Dataset, WriteParams};
 use memwal::ShardWriterConfig;
-use memwal_compactor::TableView;
 use memwal_server::TableHost;
+use memwal_table::TableView;
 use uuid::Uuid;
 
 struct Args {
@@ -200,7 +200,7 @@ struct Upstream {
 impl Upstream {
     async fn view(&self) -> Result<TableView, String> {
         let loc = memwal_store::open_store(&self.uri).map_err(|e| e.to_string())?;
-        memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
+        memwal_table::table_view(&loc, None, &memwal_store::RetryPolicy::default())
             .await
             .map_err(|e| e.to_string())
     }

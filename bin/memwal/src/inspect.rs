@@ -90,7 +90,7 @@ async fn shard_report(
     compacted: u64,
     retry: &RetryPolicy,
 ) -> Result<Value, String> {
-    let m = memwal_compactor::latest_manifest(loc, shard, retry)
+    let m = memwal_table::latest_manifest(loc, shard, retry)
         .await
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("shard {shard} has no manifest"))?;
@@ -165,7 +165,7 @@ async fn shard_report(
 pub async fn inspect(uri: &str, shard: Option<&str>, as_json: bool) -> Result<String, String> {
     let loc = memwal_store::open_store(uri).map_err(|e| e.to_string())?;
     let retry = RetryPolicy::default();
-    let view = memwal_compactor::table_view(&loc, None, &retry)
+    let view = memwal_table::table_view(&loc, None, &retry)
         .await
         .map_err(|e| e.to_string())?;
     let wanted: Vec<ShardId> = match shard {

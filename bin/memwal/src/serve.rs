@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, GcConfig, TableSharding};
+use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, GcConfig};
 use memwal_server::{http, FlightServiceServer, IngestService, TableHost};
 use memwal_store::open_store;
+use memwal_table::TableSharding;
 
 use crate::config::{ServeArgs, ServeConfig};
 
@@ -40,7 +41,7 @@ async fn tables(args: &ServeConfig) -> Result<Vec<(String, String)>, String> {
         .await
         .is_ok();
         if !exists {
-            memwal_compactor::create_table(
+            memwal_table::create_table(
                 &loc,
                 demo_schema(),
                 &TableSharding::Bucket {

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use memwal_compactor::{
-    collect_garbage, create_table, Compactor, CompactorConfig, GcConfig, TableSharding,
-};
+use memwal_compactor::{collect_garbage, Compactor, CompactorConfig, GcConfig};
 use memwal_store::open_store;
+use memwal_table::{create_table, TableSharding};
 
 /// Column types `--column NAME:TYPE[:key]` accepts.
 const TYPES: &str = "int32, int64, uint64, float32, float64, bool, utf8, large_utf8, binary, \
@@ -218,12 +217,12 @@ pub async fn compact(uri: &str) -> Result<String, String> {
 pub async fn status(uri: &str, json: bool) -> Result<String, String> {
     let loc = open_store(uri).map_err(|e| e.to_string())?;
     let retry = memwal_store::RetryPolicy::default();
-    let view = memwal_compactor::table_view(&loc, None, &retry)
+    let view = memwal_table::table_view(&loc, None, &retry)
         .await
         .map_err(|e| e.to_string())?;
     let mut rows = Vec::new();
     for s in &view.shards {
-        let m = memwal_compactor::latest_manifest(&loc, s.shard, &retry)
+        let m = memwal_table::latest_manifest(&loc, s.shard, &retry)
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("shard {} lost its manifest", s.shard))?;

@@ -293,7 +293,7 @@ async fn acks_reach(history: &History, n: u64, client: &tokio::task::JoinHandle<
 /// opened it, through memwal's store: local or S3 alike).
 async fn view_rows(table: &str) -> View {
     let loc = memwal_store::open_store(table).unwrap();
-    let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
+    let view = memwal_table::table_view(&loc, None, &memwal_store::RetryPolicy::default())
         .await
         .unwrap();
     let snapshots = view.snapshots();
@@ -308,7 +308,7 @@ async fn view_rows(table: &str) -> View {
 /// through memwal's store: local or S3 alike).
 async fn sstable_duplicates(table: &str) -> Vec<String> {
     let loc = memwal_store::open_store(table).unwrap();
-    let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
+    let view = memwal_table::table_view(&loc, None, &memwal_store::RetryPolicy::default())
         .await
         .unwrap();
     let lance = memwal_sstable::LanceStore::new(loc.store.clone());
@@ -344,7 +344,7 @@ async fn sstable_duplicates(table: &str) -> Vec<String> {
 /// The base table's latest rows (duplicates kept, unlike `base_rows`).
 async fn base_view(table: &str) -> View {
     let loc = memwal_store::open_store(table).unwrap();
-    let view = memwal_compactor::table_view(&loc, None, &memwal_store::RetryPolicy::default())
+    let view = memwal_table::table_view(&loc, None, &memwal_store::RetryPolicy::default())
         .await
         .unwrap();
     let batches: Vec<RecordBatch> = view

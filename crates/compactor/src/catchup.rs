@@ -15,12 +15,10 @@ use tokio::time::Instant;
 
 use lance::index::DatasetIndexExt;
 use lance_index::optimize::OptimizeOptions;
-use memwal_table::BaseTable;
+use memwal_table::{compacted_generations, open_dataset, BaseTable};
 use tracing::Instrument;
 
 use crate::compact::is_conflict;
-use crate::init::open_dataset;
-use crate::shards::compacted_generations;
 use crate::{names, Compactor, CompactorError, Result};
 
 /// What one index catch-up did.

@@ -11,13 +11,11 @@ use memwal_fencing::{ShardId, ShardLayout};
 use memwal_memtable::TableSchema;
 use memwal_sstable::{LanceStore, SsTableReader};
 use memwal_store::{RetryPolicy, StoreLocation};
-use memwal_table::BaseTable;
+use memwal_table::{compacted_generations, latest_manifest, list_shards, open_dataset, BaseTable};
 use tracing::Instrument;
 
 use crate::catchup::CatchupReport;
-use crate::init::open_dataset;
 use crate::merge::{merge_sstables, Attempt, Merged};
-use crate::shards::{compacted_generations, latest_manifest, list_shards};
 use crate::{names, CompactorError, Result};
 
 /// Settings of a [`Compactor`].

@@ -3,8 +3,9 @@
 /// Result alias for [`CompactorError`].
 pub type Result<T, E = CompactorError> = std::result::Result<T, E>;
 
-/// Why table setup, compaction or a reader view failed. Every variant names
-/// the table (and the shard or SSTable where one is involved).
+/// Why compaction, an index catch-up or garbage collection failed. Every
+/// variant names the table (and the shard or SSTable where one is
+/// involved).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CompactorError {
@@ -18,7 +19,8 @@ pub enum CompactorError {
         /// What was wrong.
         reason: String,
     },
-    /// Reading the base table's metadata failed.
+    /// Reading the base table (its metadata, its dataset), listing its
+    /// shards or reading a shard manifest failed (`memwal_table`).
     #[error(transparent)]
     Table(Box<memwal_table::TableError>),
     /// A shard manifest could not be read (or does not decode).

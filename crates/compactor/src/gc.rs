@@ -40,13 +40,11 @@ use memwal_fencing::{parse_bitrev64, ManifestStore, ShardId, ShardLayout, ShardM
 use memwal_proto::MemWalIndexDetails;
 use memwal_sstable::LanceStore;
 use memwal_store::{RetryPolicy, StoreLocation};
-use memwal_table::BaseTable;
+use memwal_table::{compacted_generations, index_caught_up, list_shards, open_dataset, BaseTable};
 use object_store::path::Path;
 use object_store::{GetOptions, GetRange, ObjectMeta, ObjectStoreExt};
 use tracing::Instrument;
 
-use crate::init::open_dataset;
-use crate::shards::{compacted_generations, index_caught_up, list_shards};
 use crate::{CompactorError, Result};
 
 /// Settings of [`collect_garbage`].

@@ -3,9 +3,10 @@
 //! generation order, each commit advancing `compacted_sstables` of the
 //! `__lance_mem_wal` index for the generation whose last rows it carries.
 //!
-//! Also here: creating a base table with the MemWAL index
-//! ([`create_table`]), and the read view a reader should use
-//! ([`table_view`]): the base plus the SSTables it does not contain yet.
+//! Creating a table, listing its shards and the reader view are
+//! `memwal_table`'s ([`memwal_table::create_table`],
+//! [`memwal_table::list_shards`], [`memwal_table::table_view`]): readers and
+//! the daemon need them without the compactor.
 //!
 //! The compactor never writes shard manifests; a shard's own writer drops
 //! compacted SSTables from its manifest on its next update.
@@ -16,21 +17,15 @@ mod catchup;
 mod compact;
 mod error;
 mod gc;
-mod init;
 mod merge;
 mod resolve;
-mod shards;
 mod task;
-mod view;
 
 pub use catchup::CatchupReport;
 pub use compact::{CatchupOutcome, Compactor, CompactorConfig, ShardReport};
 pub use error::{CompactorError, Result};
 pub use gc::{collect_garbage, GcConfig, GcReport};
-pub use init::{create_table, install_mem_wal, TableSharding};
-pub use shards::{compacted_generations, index_caught_up, latest_manifest, list_shards};
 pub use task::CompactorTask;
-pub use view::{table_view, ShardView, TableView};
 
 /// Metric names the compactor records.
 pub mod names {

@@ -99,6 +99,22 @@ pub enum ServerError {
         /// The cap.
         cap: usize,
     },
+    /// Reading the table's published state failed (the view: shard
+    /// manifests and the base table; or the levels a read merges).
+    /// `UNAVAILABLE` when the failure is a transient storage failure
+    /// ([`memwal_table::TableError::is_transient`]: timeouts, connection
+    /// failures, throttling, 5xx), which a retry of the read may pass;
+    /// `INTERNAL` otherwise. Nothing was read.
+    #[error("table `{table}`: {what}: {source}")]
+    Read {
+        /// The table.
+        table: String,
+        /// What the read was doing.
+        what: &'static str,
+        /// What failed.
+        #[source]
+        source: memwal_table::TableError,
+    },
     /// Setting up a table failed.
     #[error("table `{table}`: {reason}")]
     Setup {
@@ -203,7 +219,9 @@ impl From<ServerError> for Status {
 /// The status code of an error: `INVALID_ARGUMENT`, `NOT_FOUND`,
 /// `FAILED_PRECONDITION` and `RESOURCE_EXHAUSTED` mean nothing of the batch
 /// was written; `UNAVAILABLE` that nothing was, or (for an unknown outcome)
-/// that it may have been; `ABORTED` that some parts are durable.
+/// that it may have been; `ABORTED` that some parts are durable. A read
+/// that failed on a transient storage failure is `UNAVAILABLE` (try
+/// again), on any other `INTERNAL`.
 pub(crate) fn code_of(e: &ServerError) -> Code {
     match e {
         ServerError::Partial { .. } => Code::Aborted,
@@ -213,6 +231,8 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
         ServerError::InvalidInput { .. } => Code::InvalidArgument,
         ServerError::ServedElsewhere { .. } => Code::FailedPrecondition,
         ServerError::Setup { .. } => Code::Internal,
+        ServerError::Read { source, .. } if source.is_transient() => Code::Unavailable,
+        ServerError::Read { .. } => Code::Internal,
         ServerError::Writer { source, .. } => match source {
             memwal::Error::Fenced { .. } | memwal::Error::Sealed { .. } => Code::FailedPrecondition,
             memwal::Error::InvalidInput { .. } => Code::InvalidArgument,
@@ -226,5 +246,47 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
             // definite code until it is mapped here.
             _ => Code::Unavailable,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read_failure(source: object_store::Error) -> ServerError {
+        ServerError::Read {
+            table: "t".into(),
+            what: "reading the published view",
+            source: memwal_table::TableError::Store {
+                path: "t/_mem_wal".into(),
+                source: Box::new(source),
+            },
+        }
+    }
+
+    // Breaks if a read that failed on a transient storage failure is not
+    // UNAVAILABLE (a client would not retry it), or if a definite failure
+    // is (a client would retry what cannot pass).
+    #[test]
+    fn a_read_failure_is_unavailable_only_when_storage_may_recover() {
+        let reset = read_failure(object_store::Error::Generic {
+            store: "S3",
+            source: "connection reset by peer".into(),
+        });
+        assert_eq!(Status::from(reset).code(), Code::Unavailable);
+        let denied = read_failure(object_store::Error::PermissionDenied {
+            path: "t/_mem_wal".into(),
+            source: "403 Forbidden".into(),
+        });
+        assert_eq!(Status::from(denied).code(), Code::Internal);
+        let corrupt = ServerError::Read {
+            table: "t".into(),
+            what: "reading the published view",
+            source: memwal_table::TableError::Corrupt {
+                uri: "t".into(),
+                reason: "a compacted_sstables entry has no valid shard id".into(),
+            },
+        };
+        assert_eq!(Status::from(corrupt).code(), Code::Internal);
     }
 }

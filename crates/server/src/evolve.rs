@@ -4,11 +4,45 @@
 
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use memwal_sstable::LanceStore;
 use memwal_table::BaseTable;
 
 use crate::columns::Shape;
+use crate::slots::Cell;
 use crate::{ServerError, TableHost};
+
+/// The columns a host serves, and the lock schema changes take: what
+/// [`TableHost::evolve`] replaces, whole, one change at a time.
+pub(crate) struct Following {
+    spec: memwal_proto::ShardingSpec,
+    /// One version of the base table's schema, replaced whole.
+    shape: parking_lot::RwLock<Arc<Shape>>,
+    /// One schema change at a time.
+    evolving: tokio::sync::Mutex<()>,
+}
+
+impl Following {
+    /// Serving `shape`, built from `spec` and the base table's schema.
+    pub(crate) fn new(spec: memwal_proto::ShardingSpec, shape: Shape) -> Self {
+        Self {
+            spec,
+            shape: parking_lot::RwLock::new(Arc::new(shape)),
+            evolving: Default::default(),
+        }
+    }
+
+    /// The columns served now (a put checks its whole batch against one).
+    pub(crate) fn current(&self) -> Arc<Shape> {
+        self.shape.read().clone()
+    }
+}
+
+impl crate::shards::GoLive for TableHost {
+    fn go_live<'a>(&'a self, cell: &'a Cell, w: Arc<memwal::ShardWriter>) -> BoxFuture<'a, ()> {
+        Box::pin(TableHost::go_live(self, cell, w))
+    }
+}
 
 impl TableHost {
     /// Reads the base table's latest version and follows its schema:
@@ -27,7 +61,7 @@ impl TableHost {
     /// the primary key changed; a writer that fails to follow is left to
     /// its slot (a terminal writer is reopened, on the new schema).
     pub async fn evolve(&self) -> Result<bool, ServerError> {
-        let _one = self.evolving.lock().await;
+        let _one = self.following().evolving.lock().await;
         self.evolve_locked(None).await
     }
 
@@ -39,8 +73,8 @@ impl TableHost {
     /// put reaches `w` before it follows; a difference runs a whole
     /// `evolve` that moves `w` too (forward only: everything moves to the
     /// base's latest). A failure is logged; the next poll retries.
-    pub(crate) async fn go_live(&self, cell: &crate::slots::Cell, w: Arc<memwal::ShardWriter>) {
-        let _one = self.evolving.lock().await;
+    pub(crate) async fn go_live(&self, cell: &Cell, w: Arc<memwal::ShardWriter>) {
+        let _one = self.following().evolving.lock().await;
         let serving = self.shape().validator.storage_schema().fields().clone();
         if w.schema().storage_schema().fields() != &serving {
             if let Err(e) = self.evolve_locked(Some(&w)).await {
@@ -56,23 +90,23 @@ impl TableHost {
         &self,
         opening: Option<&Arc<memwal::ShardWriter>>,
     ) -> Result<bool, ServerError> {
-        let lance = LanceStore::new(self.loc.store.clone());
-        let base =
-            BaseTable::load(&lance, &self.loc.root)
-                .await
-                .map_err(|e| ServerError::Setup {
-                    table: self.name().to_string(),
-                    reason: format!("reading the base table's schema: {e}"),
-                })?;
+        let lance = LanceStore::new(self.loc().store.clone());
+        let base = BaseTable::load(&lance, &self.loc().root)
+            .await
+            .map_err(|e| ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("reading the base table's schema: {e}"),
+            })?;
         let current = self.shape();
         let changed = current.schema.fields() != base.schema.fields();
         let next = if changed {
-            let next = Shape::build(&self.spec, base.schema.clone()).map_err(|reason| {
-                ServerError::InvalidInput {
-                    table: self.name().to_string(),
-                    reason: format!("the base table's new schema: {reason}"),
-                }
-            })?;
+            let next =
+                Shape::build(&self.following().spec, base.schema.clone()).map_err(|reason| {
+                    ServerError::InvalidInput {
+                        table: self.name().to_string(),
+                        reason: format!("the base table's new schema: {reason}"),
+                    }
+                })?;
             if next.key_schema.fields() != current.key_schema.fields() {
                 return Err(ServerError::InvalidInput {
                     table: self.name().to_string(),
@@ -88,7 +122,7 @@ impl TableHost {
         } else {
             None
         };
-        let mut writers = self.live_writers();
+        let mut writers = self.shards().live();
         writers.extend(opening.cloned());
         for w in writers {
             match w.evolve_to(base.schema.clone()) {
@@ -111,7 +145,7 @@ impl TableHost {
             to = ?names(&next.schema),
             "following the base table's new schema"
         );
-        *self.shape.write() = Arc::new(next);
+        *self.following().shape.write() = Arc::new(next);
         metrics::counter!("memwal_server_schema_changes_total", "table" => self.name().to_string())
             .increment(1);
         Ok(true)

@@ -1,13 +1,13 @@
 //! How many shards a table holds open, and closing the idle ones: the cap
 //! a new shard's first rows are checked against ([`ShardLimits::max_open`],
 //! enforced when a slot is created) and the idle close the host's monitor
-//! runs ([`TableHost::close_idle_shards`]).
+//! runs ([`crate::TableHost::close_idle_shards`]).
 
+use crate::shards::ShardSet;
 use crate::slots::Slot;
-use crate::TableHost;
 
 /// How many shards a table keeps open, and when an idle one closes
-/// ([`TableHost::set_shard_limits`]).
+/// ([`crate::TableHost::set_shard_limits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShardLimits {
     /// Shards open at once (live, opening, or down and being retried);
@@ -29,33 +29,14 @@ impl Default for ShardLimits {
     }
 }
 
-impl TableHost {
-    /// Sets the caps on open shards (see [`ShardLimits`]).
-    pub fn set_shard_limits(&self, limits: ShardLimits) {
-        *self.shard_limits.lock() = limits;
-    }
-
-    /// Flushes, closes and forgets every live shard no rows arrived for in
-    /// `idle_close` (the host's monitor calls this). Returns how many
-    /// shards closed.
-    ///
-    /// Guarantees: the writer stays in its slot, as [`Slot::Closing`],
-    /// until its close ended, so reads keep taking its snapshot (its rows
-    /// are not all published before the close ends); rows for the shard
-    /// wait while it closes (on the cell's `opening` lock), then open it
-    /// again. Only a close that published every row leaves the slot
-    /// empty (the shard read as published). A close that failed, or left
-    /// rows unpublished (a put that raced it), leaves the shard down (due
-    /// at once): reads refuse it (its rows are only in the WAL) until the
-    /// next put for it, or the host's reopener
-    /// ([`TableHost::spawn_reopener`]), reopens it and replays them; a
-    /// fenced writer leaves it lost.
-    pub async fn close_idle_shards(&self) -> usize {
-        let Some(idle) = self.shard_limits.lock().idle_close else {
+impl ShardSet {
+    /// The idle close: see [`crate::TableHost::close_idle_shards`].
+    pub(crate) async fn close_idle(&self) -> usize {
+        let Some(idle) = self.limits().idle_close else {
             return 0;
         };
         let mut closed = 0;
-        for (key, cell) in self.slots.cells() {
+        for (key, cell) in self.cells() {
             if cell.idle_for() < idle || !matches!(cell.current(), Some(Slot::Live(_))) {
                 continue;
             }
@@ -63,7 +44,7 @@ impl TableHost {
             let Ok(_turn) = cell.opening.try_lock() else {
                 continue;
             };
-            if cell.idle_for() < idle || self.closing.load(std::sync::atomic::Ordering::SeqCst) {
+            if cell.idle_for() < idle || self.is_closing() {
                 continue;
             }
             let Some(Slot::Live(w)) = cell.current() else {
@@ -97,12 +78,12 @@ impl TableHost {
             };
             match outcome {
                 None => {
-                    tracing::info!(table = %self.name(), %shard, "idle shard closed");
+                    tracing::info!(table = %self.table(), %shard, "idle shard closed");
                     cell.take_writer(&w);
-                    self.slots.remove_if_empty(&key, &cell);
+                    self.forget_if_empty(&key, &cell);
                 }
                 Some(e) => {
-                    tracing::warn!(table = %self.name(), %shard, error = %e,
+                    tracing::warn!(table = %self.table(), %shard, error = %e,
                         "idle shard's close did not publish every row; the shard is down until \
                          reopened (its rows stay in the WAL for the next open)");
                     let slot = match e {
@@ -123,17 +104,17 @@ impl TableHost {
                     cell.replace_writer(&w, slot);
                 }
             }
-            metrics::counter!("memwal_server_idle_shards_closed_total", "table" => self.name().to_string())
+            metrics::counter!("memwal_server_idle_shards_closed_total", "table" => self.table().to_string())
                 .increment(1);
             closed += 1;
         }
         closed
     }
 
-    /// Sets every live writer's gauges again (the daemon's metrics drop
-    /// series not updated for a while; see [`ShardWriter::refresh_gauges`]).
-    pub fn refresh_gauges(&self) {
-        for w in self.slots.live() {
+    /// Sets every live writer's gauges again: see
+    /// [`crate::TableHost::refresh_gauges`].
+    pub(crate) fn refresh_gauges(&self) {
+        for w in self.live() {
             w.refresh_gauges();
         }
     }

@@ -121,7 +121,7 @@ impl TableHost {
     /// holds are read from the base.
     async fn lookup_published(
         &self,
-        view: &memwal_compactor::TableView,
+        view: &memwal_table::TableView,
         key_names: &[String],
         keys: &[Vec<ScalarValue>],
     ) -> Result<RecordBatch, ServerError> {
@@ -206,8 +206,8 @@ impl TableHost {
         if let Some(r) = self.sstables.lock().get(&id) {
             return Ok(r.clone());
         }
-        let layout = memwal_fencing::ShardLayout::new(&self.loc.root, shard);
-        let lance = memwal_sstable::LanceStore::new(self.loc.store.clone());
+        let layout = memwal_fencing::ShardLayout::new(&self.loc().root, shard);
+        let lance = memwal_sstable::LanceStore::new(self.loc().store.clone());
         let reader = SsTableReader::open(&lance, &layout, path, schema)
             .await
             .map_err(|e| ServerError::Setup {

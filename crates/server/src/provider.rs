@@ -335,11 +335,11 @@ pub(crate) mod tests {
             key,
             Field::new("v", DataType::Utf8, true),
         ]));
-        let sharding = memwal_compactor::TableSharding::Bucket {
+        let sharding = memwal_table::TableSharding::Bucket {
             column: "id".into(),
             buckets: 4,
         };
-        memwal_compactor::create_table(&loc, schema, &sharding)
+        memwal_table::create_table(&loc, schema, &sharding)
             .await
             .unwrap();
         Arc::new(
@@ -472,10 +472,10 @@ pub(crate) mod tests {
             key("b", DataType::Utf8, "2"),
             Field::new("v", DataType::Utf8, true),
         ]));
-        memwal_compactor::create_table(
+        memwal_table::create_table(
             &loc,
             schema.clone(),
-            &memwal_compactor::TableSharding::Unsharded,
+            &memwal_table::TableSharding::Unsharded,
         )
         .await
         .unwrap();

@@ -540,6 +540,14 @@ fn refused(sql: &str, e: DataFusionError, limits: &QueryLimits) -> Status {
             // A table read failed (storage, a stopping daemon): its code.
             return Status::new(crate::error::code_of(read), format!("{read} ({sql})"));
         }
+        if let Some(lance) = inner.downcast_ref::<lance::Error>() {
+            // A level's scan failed as it ran (its files were read).
+            let code = match memwal_store::is_transient_cause(lance) {
+                true => tonic::Code::Unavailable,
+                false => tonic::Code::Internal,
+            };
+            return Status::new(code, format!("reading the table failed: {lance} ({sql})"));
+        }
     }
     match e.find_root() {
         DataFusionError::ResourcesExhausted(m) => {

@@ -60,7 +60,7 @@ impl TableHost {
     pub(crate) async fn snapshot_and_view(
         &self,
         index: Option<&str>,
-    ) -> Result<(Snapshots, memwal_compactor::TableView), ServerError> {
+    ) -> Result<(Snapshots, memwal_table::TableView), ServerError> {
         let mut attempt = 1;
         loop {
             let mut snapshots = self.snapshots()?;
@@ -100,7 +100,7 @@ impl TableHost {
     /// published: by its new owner.
     pub(crate) fn snapshots(&self) -> Result<Snapshots, ServerError> {
         let mut snapshots = HashMap::new();
-        for (key, slot) in self.slots.snapshot() {
+        for (key, slot) in self.shards().snapshot() {
             let w = match &slot {
                 Slot::Live(w) | Slot::Closing(w) => w,
                 Slot::Lost { .. } => continue,
@@ -118,7 +118,7 @@ impl TableHost {
                 Err(_) => {
                     // It stopped just now: the slot says how (down,
                     // failed, or lost).
-                    match self.slots.cell(&key).current() {
+                    match self.shards().cell(&key).current() {
                         Some(slot @ (Slot::Down { .. } | Slot::Failed { .. })) => {
                             return Err(self.refused_read(&slot));
                         }
@@ -158,15 +158,16 @@ impl TableHost {
         &self,
         snapshots: &mut Snapshots,
         index: Option<&str>,
-    ) -> Result<(memwal_compactor::TableView, bool), ServerError> {
+    ) -> Result<(memwal_table::TableView, bool), ServerError> {
         // Tests widen this window (`sleep`) to prove the order holds.
         memwal_store::crash_point("server::read_after_snapshots");
         let mut view =
-            memwal_compactor::table_view(&self.loc, index, &memwal_store::RetryPolicy::default())
+            memwal_table::table_view(self.loc(), index, &memwal_store::RetryPolicy::default())
                 .await
-                .map_err(|e| ServerError::Setup {
+                .map_err(|source| ServerError::Read {
                     table: self.name().to_string(),
-                    reason: format!("reading the published view: {e}"),
+                    what: "reading the published view",
+                    source,
                 })?;
         let mut retake = false;
         for shard in &mut view.shards {
@@ -201,7 +202,7 @@ impl TableHost {
              (another writer claimed the shard)"
         );
         let mut held = false;
-        for (key, cell) in self.slots.cells() {
+        for (key, cell) in self.shards().cells() {
             match cell.current() {
                 Some(Slot::Live(w) | Slot::Closing(w)) if w.shard() == shard => {
                     if w.epoch() == owner {

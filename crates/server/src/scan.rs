@@ -109,7 +109,7 @@ impl TableHost {
         req: &ScanRequest,
         keys: &[String],
         snapshots: &Snapshots,
-        view: &memwal_compactor::TableView,
+        view: &memwal_table::TableView,
     ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
         let failed = |what: &str, e: String| ServerError::Setup {
             table: self.name().to_string(),
@@ -148,8 +148,21 @@ impl TableHost {
         let plan = scanner
             .create_plan()
             .await
-            .map_err(|e| failed("planning the scan", e.to_string()))?;
+            .map_err(|e| self.read_failed("planning the scan", e))?;
         Ok(Arc::new(Conformed::new(plan, req.out.clone())))
+    }
+
+    /// A level that could not be opened or planned, typed: `UNAVAILABLE`
+    /// when storage failed in a way a retry may pass.
+    fn read_failed(&self, what: &'static str, source: lance::Error) -> ServerError {
+        ServerError::Read {
+            table: self.name().to_string(),
+            what,
+            source: memwal_table::TableError::Read {
+                uri: self.loc().uri.clone(),
+                source,
+            },
+        }
     }
 
     /// Every level's rows, unmerged (an append-only table has no key to
@@ -159,27 +172,23 @@ impl TableHost {
         &self,
         req: &ScanRequest,
         snapshots: Snapshots,
-        view: &memwal_compactor::TableView,
+        view: &memwal_table::TableView,
     ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
         let mut arms: Vec<Arc<dyn ExecutionPlan>> = Vec::new();
         // Only the base has no tombstones to drop after its scan: a limit
         // is pushed into its scan alone.
-        arms.push(self.level_scan(&view.base, req, req.limit, "the base").await?);
-        let lance_store = memwal_sstable::LanceStore::new(self.loc.store.clone());
+        arms.push(self.level_scan(&view.base, req, req.limit).await?);
+        let lance_store = memwal_sstable::LanceStore::new(self.loc().store.clone());
         for shard in &view.shards {
-            let layout = memwal_fencing::ShardLayout::new(&self.loc.root, shard.shard);
+            let layout = memwal_fencing::ShardLayout::new(&self.loc().root, shard.shard);
             for t in &shard.sstables {
                 let dir = layout.sstable_dir(&t.path);
-                let what = format!("SSTable {dir}");
                 let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance_store.uri(&dir))
                     .with_session(lance_store.session().clone())
                     .load()
                     .await
-                    .map_err(|e| ServerError::Setup {
-                        table: self.name().to_string(),
-                        reason: format!("opening {what}: {e}"),
-                    })?;
-                arms.push(self.level_scan(&Arc::new(ds), req, None, &what).await?);
+                    .map_err(|e| self.read_failed("opening an SSTable", e))?;
+                arms.push(self.level_scan(&Arc::new(ds), req, None).await?);
             }
         }
         let mut unflushed = Vec::new();
@@ -223,12 +232,8 @@ impl TableHost {
         ds: &Arc<lance::Dataset>,
         req: &ScanRequest,
         limit: Option<usize>,
-        what: &str,
     ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
-        let failed = |e: String| ServerError::Setup {
-            table: self.name().to_string(),
-            reason: format!("scanning {what}: {e}"),
-        };
+        let failed = |e: lance::Error| self.read_failed("planning a level's scan", e);
         let schema: arrow_schema::Schema = ds.schema().into();
         let mut columns = present(&req.out, &schema);
         if schema.column_with_name(TOMBSTONE).is_some() {
@@ -239,21 +244,16 @@ impl TableHost {
             columns.extend(narrowest(&schema));
         }
         let mut scanner = ds.scan();
-        scanner
-            .project(&columns)
-            .map_err(|e| failed(e.to_string()))?;
+        scanner.project(&columns).map_err(failed)?;
         if let Some(f) = req.filter.as_ref().filter(|f| applies_to(f, &schema)) {
             scanner.filter_expr(f.clone());
         }
         if limit.is_some() {
             scanner
                 .limit(limit.map(|n| n as i64), None)
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(failed)?;
         }
-        let plan = scanner
-            .create_plan()
-            .await
-            .map_err(|e| failed(e.to_string()))?;
+        let plan = scanner.create_plan().await.map_err(failed)?;
         Ok(Arc::new(Conformed::new(plan, req.out.clone())))
     }
 }
@@ -361,7 +361,7 @@ impl TableHost {
     /// or failure as it was raised, anything else named as a failed scan.
     pub(crate) fn query_failed(&self, e: DataFusionError) -> ServerError {
         let text = e.to_string();
-        match raised(e) {
+        match raised(e, self) {
             Some(read) => read,
             None => ServerError::Setup {
                 table: self.name().to_string(),
@@ -371,13 +371,21 @@ impl TableHost {
     }
 }
 
-/// The [`ServerError`] `e` carries (a table read's own error, raised
-/// while the query ran), if any.
-fn raised(e: DataFusionError) -> Option<ServerError> {
+/// The [`ServerError`] `e` carries (a table read's own error, or a
+/// level's scan failing as it ran), if any.
+fn raised(e: DataFusionError, host: &TableHost) -> Option<ServerError> {
     match e {
-        DataFusionError::External(inner) => inner.downcast::<ServerError>().ok().map(|b| *b),
-        DataFusionError::Context(_, inner) => raised(*inner),
-        DataFusionError::Shared(shared) => Arc::try_unwrap(shared).ok().and_then(raised),
+        DataFusionError::External(inner) => match inner.downcast::<ServerError>() {
+            Ok(read) => Some(*read),
+            Err(inner) => inner
+                .downcast::<lance::Error>()
+                .ok()
+                .map(|e| host.read_failed("scanning a level", *e)),
+        },
+        DataFusionError::Context(_, inner) => raised(*inner, host),
+        DataFusionError::Shared(shared) => Arc::try_unwrap(shared)
+            .ok()
+            .and_then(|e| raised(e, host)),
         _ => None,
     }
 }

@@ -209,8 +209,8 @@ impl TableHost {
         column: &str,
         label: &str,
     ) -> Result<Option<IndexSpec>, ServerError> {
-        let lance = memwal_sstable::LanceStore::new(self.loc.store.clone());
-        let base = memwal_table::BaseTable::load(&lance, &self.loc.root)
+        let lance = memwal_sstable::LanceStore::new(self.loc().store.clone());
+        let base = memwal_table::BaseTable::load(&lance, &self.loc().root)
             .await
             .map_err(|e| self.failed("reading the base table's indexes", e.to_string()))?;
         let maintained = base

@@ -22,9 +22,10 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use lance::dataset::mem_wal::LsmScanner;
 use memwal::ShardWriterConfig;
-use memwal_compactor::{create_table, Compactor, CompactorConfig, TableSharding};
+use memwal_compactor::{Compactor, CompactorConfig};
 use memwal_server::{ServerError, TableHost};
 use memwal_store::{RetryPolicy, StoreLocation};
+use memwal_table::{create_table, TableSharding};
 use memwal_testkit::invariants::{check, Op, Outcome, View};
 
 const KEYS: i64 = 40;
@@ -172,7 +173,7 @@ impl Case {
 
 /// Base + SSTables through upstream's `LsmScanner`.
 async fn view(loc: &StoreLocation) -> View {
-    let view = memwal_compactor::table_view(loc, None, &RetryPolicy::default())
+    let view = memwal_table::table_view(loc, None, &RetryPolicy::default())
         .await
         .unwrap();
     let snapshots = view.snapshots();
@@ -450,7 +451,7 @@ async fn a_base_table_with_unknown_reader_features_is_refused() {
     assert!(matches!(e, ServerError::Setup { .. }), "{e}");
     assert!(e.to_string().contains("unsupported base table"), "{e}");
     assert!(e.to_string().contains("Flags"), "{e}");
-    let shard = memwal_compactor::list_shards(&case.loc).await.unwrap()[0];
+    let shard = memwal_table::list_shards(&case.loc).await.unwrap()[0];
     let e = memwal::ShardWriter::open(case.loc.clone(), shard, ShardWriterConfig::default())
         .await
         .unwrap_err();

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
 use memwal::{ShardId, ShardWriter, ShardWriterConfig};
-use memwal_compactor::{create_table, TableSharding};
 use memwal_server::{ServerError, TableHost};
+use memwal_table::{create_table, TableSharding};
 
 fn rows(ids: &[i64]) -> RecordBatch {
     tagged(ids, "v")
@@ -322,7 +322,7 @@ async fn two_hosts_creating_a_buckets_shard_create_the_same_one() {
     let ids: Vec<i64> = (0..40).collect();
     assert_eq!(a.write(&rows(&ids), false).await.unwrap().len(), 4);
     assert_eq!(b.write(&rows(&ids), false).await.unwrap().len(), 4);
-    assert_eq!(memwal_compactor::list_shards(&loc).await.unwrap().len(), 4);
+    assert_eq!(memwal_table::list_shards(&loc).await.unwrap().len(), 4);
     let e = a.write(&rows(&ids), false).await.unwrap_err();
     assert_eq!(
         tonic::Status::from(e).code(),
@@ -557,7 +557,7 @@ async fn a_closed_table_takes_no_rows_and_opens_no_shard() {
     let e = host.write(&rows(&three), false).await.unwrap_err();
     assert!(matches!(e, ServerError::Stopping { .. }), "{e}");
     assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
-    let shards = memwal_compactor::list_shards(&loc).await.unwrap();
+    let shards = memwal_table::list_shards(&loc).await.unwrap();
     assert_eq!(
         shards.len(),
         1,

@@ -47,6 +47,22 @@ pub fn is_transient(err: &object_store::Error) -> bool {
     }
 }
 
+/// True when the first object_store error in `err`'s source chain
+/// (`err` itself included, boxed or not) is [`is_transient`]: a failure of
+/// a higher layer (a manifest read, a lance read) that a retry of the whole
+/// operation may pass. False when the chain holds no object_store error
+/// (nothing says storage failed, so nothing says a retry helps).
+pub fn is_transient_cause(err: &(dyn StdError + 'static)) -> bool {
+    std::iter::successors(Some(err), |e: &&(dyn StdError + 'static)| (*e).source())
+        .find_map(|link| {
+            link.downcast_ref::<object_store::Error>().or_else(|| {
+                link.downcast_ref::<Box<object_store::Error>>()
+                    .map(|b| &**b)
+            })
+        })
+        .is_some_and(is_transient)
+}
+
 /// S3 answers an upload that stalled mid-body with `400 Bad Request` and
 /// this error code: nothing was stored and the request may be sent again.
 const S3_REQUEST_TIMEOUT: &str = "<Code>RequestTimeout</Code>";
@@ -224,6 +240,18 @@ mod tests {
             assert!(is_transient(&status(code)), "{code}");
         }
         assert!(is_transient(&generic("S3", "connection reset")));
+    }
+
+    // Breaks if an object_store error wrapped by a higher layer (boxed or
+    // not, behind other links) is not found, or if an error without one
+    // in its chain is called transient.
+    #[test]
+    fn a_transient_store_error_is_found_behind_its_wrappers() {
+        let wrap = |inner: object_store::Error| Mimic("reading it".into(), Some(Box::new(inner)));
+        assert!(is_transient_cause(&wrap(generic("S3", "connection reset"))));
+        assert!(is_transient_cause(&Box::new(status("503 Slow Down"))));
+        assert!(!is_transient_cause(&wrap(status("403 Forbidden"))));
+        assert!(!is_transient_cause(&Mimic("no store error".into(), None)));
     }
 
     // Breaks if a failed fsync is retried (a retry would find our unsynced

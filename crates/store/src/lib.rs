@@ -10,7 +10,8 @@
 //!   a failed fsync) is [`StoreError::OutcomeUnknown`].
 //! - [`read_object`] / [`object_exists`] never read a failure as "absent".
 //! - [`is_transient`], [`http_status`], [`is_sync_failure`] classify
-//!   object_store errors (retry, refusal, unknown outcome).
+//!   object_store errors (retry, refusal, unknown outcome);
+//!   [`is_transient_cause`] finds one behind a higher layer's error.
 //! - [`sweep_staged`] removes the staged files a crash left in a local
 //!   store (hidden from LIST, so only the file system shows them).
 
@@ -26,7 +27,7 @@ mod staged;
 mod uri;
 
 pub use aligned::AlignedWriter;
-pub use classify::{http_status, is_sync_failure, is_transient};
+pub use classify::{http_status, is_sync_failure, is_transient, is_transient_cause};
 pub use direct::DIRECT_MIN_BYTES;
 pub use error::{StoreError, StoreResult};
 pub use failpoint::{broken, crash_point, failpoints_from_env};

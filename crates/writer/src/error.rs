@@ -290,11 +290,13 @@ impl Error {
     /// Maps a base-table error (opening the table, reading its MemWAL index).
     pub(crate) fn from_table(e: TableError) -> Self {
         match e {
-            e @ (TableError::NotFound { .. } | TableError::Unsupported { .. }) => {
-                Self::invalid_from("", e)
-            }
+            e @ (TableError::NotFound { .. }
+            | TableError::Unsupported { .. }
+            | TableError::InvalidInput { .. }) => Self::invalid_from("", e),
             e @ TableError::Corrupt { .. } => Self::corrupt_from("", e),
-            e @ TableError::Read { .. } => Self::storage("opening the base table", e),
+            e @ (TableError::Read { .. }
+            | TableError::Manifest { .. }
+            | TableError::Store { .. }) => Self::storage("opening the base table", e),
         }
     }
 

@@ -263,7 +263,7 @@ pub async fn base_batches(table: &str) -> Vec<RecordBatch> {
 /// `index` caught up as `table_view` reads it.
 pub async fn view_snapshots(table: &str, index: Option<&str>) -> Vec<serde_json::Value> {
     let loc = memwal_store::open_store(table).unwrap();
-    let view = memwal_compactor::table_view(&loc, index, &Default::default())
+    let view = memwal_table::table_view(&loc, index, &Default::default())
         .await
         .unwrap();
     view.shards

@@ -1,8 +1,8 @@
 //! Compaction results: the base equals the model, the marker advances,
 //! reruns change nothing, the writer prunes what is compacted.
 
-use memwal_compactor::{table_view, TableSharding};
 use memwal_store::RetryPolicy;
+use memwal_table::{table_view, TableSharding};
 
 use crate::support::*;
 

@@ -1,7 +1,7 @@
 //! Compaction stopped part-way: a rerun loses nothing and duplicates
 //! nothing.
 
-use memwal_compactor::TableSharding;
+use memwal_table::TableSharding;
 use memwal_testkit::{Action, InjectError, OpKind};
 
 use crate::support::*;
@@ -86,7 +86,7 @@ async fn a_failed_generation_stops_the_shard_in_order() {
     let r = f.compactor_grouping(1).run_once().await.unwrap().remove(0);
     assert!(r.is_err(), "{r:?}");
     f.fault.clear_hook();
-    let view = memwal_compactor::table_view(&f.plain, None, &Default::default())
+    let view = memwal_table::table_view(&f.plain, None, &Default::default())
         .await
         .unwrap();
     assert_eq!(

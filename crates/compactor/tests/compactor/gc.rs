@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use memwal_compactor::{collect_garbage, table_view, GcConfig, GcReport, TableSharding};
+use memwal_compactor::{collect_garbage, GcConfig, GcReport};
 use memwal_store::RetryPolicy;
+use memwal_table::{table_view, TableSharding};
 use memwal_testkit::{Action, Gate, OpKind};
 use object_store::{ObjectStoreExt, PutPayload};
 use rand::{Rng, SeedableRng};

@@ -11,7 +11,7 @@ use arrow_schema::{DataType, Field, Schema};
 use futures::TryStreamExt;
 use lance::dataset::{Dataset, NewColumnTransform};
 use memwal::ShardId;
-use memwal_compactor::TableSharding;
+use memwal_table::TableSharding;
 
 use crate::support::*;
 

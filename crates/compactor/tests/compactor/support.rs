@@ -12,9 +12,10 @@ use futures::TryStreamExt;
 use lance::dataset::mem_wal::LsmScanner;
 use lance::Dataset;
 use memwal::{ShardId, ShardWriter, ShardWriterConfig, ShardingConfig, StoreLocation};
-use memwal_compactor::{create_table, table_view, Compactor, CompactorConfig, TableSharding};
+use memwal_compactor::{Compactor, CompactorConfig};
 use memwal_sharding::{bucket_of, hash_i64};
 use memwal_store::RetryPolicy;
+use memwal_table::{create_table, table_view, TableSharding};
 use memwal_testkit::FaultStore;
 use tempfile::TempDir;
 
@@ -163,7 +164,7 @@ impl Fixture {
 
     /// Reads `view` (possibly taken earlier) through upstream's LsmScanner
     /// at the base version it names.
-    pub async fn read_view(&self, view: &memwal_compactor::TableView) -> (Model, Vec<i64>) {
+    pub async fn read_view(&self, view: &memwal_table::TableView) -> (Model, Vec<i64>) {
         let snapshots = view.snapshots();
         // Upstream reads through its own store: the base opened by path,
         // at the view's version.

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use memwal::{ShardId, ShardWriter, ShardWriterConfig};
-use memwal_compactor::{collect_garbage, GcConfig, TableSharding};
+use memwal_compactor::{collect_garbage, GcConfig};
+use memwal_table::TableSharding;
 use memwal_testkit::invariants::{check, Op, Outcome, View};
 use memwal_testkit::{Action, InjectError, OpKind};
 use parking_lot::Mutex;

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use datafusion::scalar::ScalarValue;
 use memwal::ShardWriterConfig;
-use memwal_compactor::TableSharding;
 use memwal_server::{ServerError, ShardLimits, TableHost};
+use memwal_table::TableSharding;
 use memwal_testkit::{permission_denied, Action, FaultStore, Gate, InjectError, OpKind};
 
 use super::{as_map, bucket_table, keyed_table, tagged};

@@ -83,11 +83,11 @@ async fn composite_table(dir: &tempfile::TempDir) -> memwal_store::StoreLocation
         key("b", DataType::Utf8, "2"),
         Field::new("v", DataType::Utf8, true),
     ]));
-    let sharding = memwal_compactor::TableSharding::Bucket {
+    let sharding = memwal_table::TableSharding::Bucket {
         column: "a".into(),
         buckets: 2,
     };
-    memwal_compactor::create_table(&loc, schema, &sharding)
+    memwal_table::create_table(&loc, schema, &sharding)
         .await
         .unwrap();
     loc

@@ -9,11 +9,10 @@ use memwal_fencing::ShardId;
 use memwal_proto::SsTable;
 use memwal_sstable::LanceStore;
 use memwal_store::{RetryPolicy, StoreLocation};
-use memwal_table::BaseTable;
 
 use crate::init::open_dataset;
 use crate::shards::{compacted_generations, index_caught_up, latest_manifest, list_shards};
-use crate::Result;
+use crate::{BaseTable, Result};
 
 /// One shard as a reader should see it.
 #[derive(Debug, Clone)]
@@ -93,6 +92,12 @@ fn read_floor(
 /// its manifest only once the base records them compacted, so reading in
 /// this order never loses a generation (reading the base first could pair
 /// an old base with a pruned manifest).
+///
+/// Fails, never returning a partial view, when the shards cannot be listed
+/// ([`crate::TableError::Store`]), a manifest cannot be read or decoded
+/// ([`crate::TableError::Manifest`]), or the base table cannot be opened or
+/// its MemWAL index read; [`crate::TableError::is_transient`] tells a
+/// storage failure worth retrying.
 pub async fn table_view(
     loc: &StoreLocation,
     index: Option<&str>,

@@ -1,4 +1,5 @@
-//! Which shards a table has and what their manifests publish.
+//! Which shards a table has and what their manifests and its MemWAL index
+//! say about them.
 
 use std::collections::BTreeMap;
 
@@ -6,18 +7,18 @@ use memwal_fencing::{ManifestStore, ShardId, ShardManifest};
 use memwal_proto::MemWalIndexDetails;
 use memwal_store::{RetryPolicy, StoreLocation};
 
-use crate::{CompactorError, Result};
+use crate::{Result, TableError};
 
 /// The shards with a directory under `{table}/_mem_wal/`, in id order.
 /// Entries whose name is not a shard id are skipped (logged); a listing
-/// failure is an error, never "no shards".
+/// failure is [`TableError::Store`], never "no shards".
 pub async fn list_shards(loc: &StoreLocation) -> Result<Vec<ShardId>> {
     let dir = loc.child("_mem_wal");
     let listing = loc
         .store
         .list_with_delimiter(Some(&dir))
         .await
-        .map_err(|source| CompactorError::Store {
+        .map_err(|source| TableError::Store {
             path: dir.to_string(),
             source: Box::new(source),
         })?;
@@ -40,7 +41,8 @@ pub async fn list_shards(loc: &StoreLocation) -> Result<Vec<ShardId>> {
 }
 
 /// The latest manifest of `shard`; `None` for a shard directory without
-/// one yet (a writer creating it).
+/// one yet (a writer creating it). A manifest that cannot be read or does
+/// not decode is [`TableError::Manifest`] (never `None`).
 pub async fn latest_manifest(
     loc: &StoreLocation,
     shard: ShardId,
@@ -49,7 +51,7 @@ pub async fn latest_manifest(
     ManifestStore::new(loc.store.clone(), &loc.root, shard, retry.clone())
         .load_latest()
         .await
-        .map_err(|source| CompactorError::Manifest {
+        .map_err(|source| TableError::Manifest {
             uri: loc.uri.clone(),
             shard,
             source: Box::new(source),
@@ -58,7 +60,7 @@ pub async fn latest_manifest(
 
 /// `compacted_sstables` of the MemWAL index: the highest generation of each
 /// shard merged into the base table (absent: none yet). An entry whose shard
-/// id does not decode is [`CompactorError::Corrupt`].
+/// id does not decode is [`TableError::Corrupt`].
 pub fn compacted_generations(
     uri: &str,
     details: Option<&MemWalIndexDetails>,
@@ -69,7 +71,7 @@ pub fn compacted_generations(
             .shard_id
             .as_ref()
             .and_then(ShardId::from_proto)
-            .ok_or_else(|| CompactorError::Corrupt {
+            .ok_or_else(|| TableError::Corrupt {
                 uri: uri.to_string(),
                 reason: "a compacted_sstables entry has no valid shard id".into(),
             })?;
@@ -79,7 +81,8 @@ pub fn compacted_generations(
 }
 
 /// Generations of `index`'s catch-up progress by shard (absent entry: the
-/// index has caught up to nothing of that shard).
+/// index has caught up to nothing of that shard). An entry whose shard id
+/// does not decode is [`TableError::Corrupt`].
 pub fn index_caught_up(
     uri: &str,
     details: Option<&MemWalIndexDetails>,
@@ -96,7 +99,7 @@ pub fn index_caught_up(
                 .shard_id
                 .as_ref()
                 .and_then(ShardId::from_proto)
-                .ok_or_else(|| CompactorError::Corrupt {
+                .ok_or_else(|| TableError::Corrupt {
                     uri: uri.to_string(),
                     reason: format!("index_catchup of `{index}` has an entry without a shard id"),
                 })?;

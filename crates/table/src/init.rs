@@ -11,9 +11,8 @@ use lance::dataset::{WriteMode, WriteParams};
 use lance::Dataset;
 use memwal_sstable::LanceStore;
 use memwal_store::StoreLocation;
-use memwal_table::BaseTable;
 
-use crate::{CompactorError, Result};
+use crate::{BaseTable, Result, TableError};
 
 /// How the rows of a new table are spread over shards (the table's one
 /// sharding spec; shards are created on first use by writers).
@@ -87,7 +86,7 @@ impl std::str::FromStr for TableSharding {
 ///
 /// Primary-key columns are the fields whose metadata carries
 /// `lance-schema:unenforced-primary-key` (none: an append-only table).
-/// Fails with [`CompactorError::InvalidInput`] when a table already exists
+/// Fails with [`TableError::InvalidInput`] when a table already exists
 /// there or lance refuses the schema or the sharding (e.g. a nullable key,
 /// an unknown column); nothing is left behind in the latter case other than
 /// an empty dataset without the index, which a retry refuses as existing.
@@ -98,10 +97,7 @@ pub async fn create_table(
 ) -> Result<BaseTable> {
     let lance = LanceStore::new(loc.store.clone());
     if BaseTable::load(&lance, &loc.root).await.is_ok() {
-        return Err(CompactorError::invalid(
-            &loc.uri,
-            "a table already exists there",
-        ));
+        return Err(invalid(&loc.uri, "a table already exists there"));
     }
     let params = WriteParams {
         mode: WriteMode::Create,
@@ -118,16 +114,17 @@ pub async fn create_table(
     .await
     .map_err(|e| match e {
         lance::Error::DatasetAlreadyExists { .. } => {
-            CompactorError::invalid(&loc.uri, "a table already exists there")
+            invalid(&loc.uri, "a table already exists there")
         }
-        e => CompactorError::invalid(&loc.uri, format!("lance refuses the schema: {e}")),
+        e => invalid(&loc.uri, format!("lance refuses the schema: {e}")),
     })?;
     install_mem_wal(&mut ds, &loc.uri, sharding).await?;
-    Ok(BaseTable::of_dataset(&ds, &loc.uri).await?)
+    BaseTable::of_dataset(&ds, &loc.uri).await
 }
 
-/// Installs the MemWAL index on an existing table (lance refuses a table
-/// that has one already).
+/// Installs the MemWAL index with `sharding` on an existing table;
+/// [`TableError::InvalidInput`] when lance refuses (a table that has one
+/// already, a sharding spec that does not fit its schema).
 pub async fn install_mem_wal(ds: &mut Dataset, uri: &str, sharding: &TableSharding) -> Result<()> {
     let init = ds.initialize_mem_wal();
     let init = match sharding {
@@ -137,18 +134,30 @@ pub async fn install_mem_wal(ds: &mut Dataset, uri: &str, sharding: &TableShardi
     };
     init.execute()
         .await
-        .map_err(|e| CompactorError::invalid(uri, format!("installing the MemWAL index: {e}")))
+        .map_err(|e| invalid(uri, format!("installing the MemWAL index: {e}")))
 }
 
-/// Opens the latest version of the table's dataset through `lance`.
-pub(crate) async fn open_dataset(lance: &LanceStore, loc: &StoreLocation) -> Result<Arc<Dataset>> {
+fn invalid(uri: &str, reason: impl Into<String>) -> TableError {
+    TableError::InvalidInput {
+        uri: uri.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// Opens the latest version of the table's dataset at `loc` through
+/// `lance` (its session and commit handler, so commits made through it
+/// are seen); [`TableError::Read`] when lance cannot.
+pub async fn open_dataset(lance: &LanceStore, loc: &StoreLocation) -> Result<Arc<Dataset>> {
     lance::dataset::builder::DatasetBuilder::from_uri(lance.uri(&loc.root))
         .with_session(lance.session().clone())
         .with_commit_handler(lance.commit_handler())
         .load()
         .await
         .map(Arc::new)
-        .map_err(CompactorError::lance(&loc.uri, "opening the base table"))
+        .map_err(|source| TableError::Read {
+            uri: loc.uri.clone(),
+            source,
+        })
 }
 
 #[cfg(test)]
