@@ -306,7 +306,15 @@ impl Queries {
             )
             .build_arc()
             .map_err(|e| Status::internal(e.to_string()))?;
-        let config = SessionConfig::new().with_default_catalog_and_schema(CATALOG, SCHEMA);
+        // No round-robin repartitions: one over a table's stream buffers
+        // whatever its slower output has not taken yet, without bound but
+        // the query's budget (a GROUP BY over a 12 MiB table failed a
+        // 4 MiB budget so). Scans are parallel inside (Lance's decoding,
+        // one partition per level of an append-only table), and the hash
+        // repartitions of aggregates and joins stay.
+        let config = SessionConfig::new()
+            .with_default_catalog_and_schema(CATALOG, SCHEMA)
+            .with_round_robin_repartition(false);
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(runtime)
@@ -315,7 +323,7 @@ impl Queries {
             .build();
         let ctx = SessionContext::new_with_state(state);
         // Tables are read when the query runs (`provider.rs`): a filter on
-        // primary-key values is a lookup, anything else reads the table whole;
+        // primary-key values is a lookup, anything else streams the table;
         // the search table functions search when the query runs too.
         let read_bytes = Arc::new(ReadBudget::default());
         for (name, host) in self.hosts.iter() {

@@ -94,12 +94,13 @@ async fn queries_past_their_limits_get_a_clear_status_and_the_daemon_serves_on()
         &["--query-memory-mib", "1", "--query-timeout-ms", "500"],
     );
     let mut c = client(&d.flight, None).await;
-    // ~2 MiB of rows: a whole read of the table is over the 1 MiB budget.
+    // ~2 MiB of rows: sorting them all is over the 1 MiB budget.
     let ids: Vec<i64> = (0..20_000).collect();
     let wide = "x".repeat(100);
     let batches: Vec<RecordBatch> = ids.chunks(5_000).map(|c| rows(c, &wide)).collect();
     put(&mut c, &["t"], batches).await.unwrap();
-    let (ok, out, err) = memwal(&["query", "--to", &d.flight, "SELECT * FROM t"]);
+    let sorted = "SELECT * FROM t ORDER BY v DESC";
+    let (ok, out, err) = memwal(&["query", "--to", &d.flight, sorted]);
     assert!(
         // tonic's text of RESOURCE_EXHAUSTED, then ours.
         !ok && err.contains("resource has been exhausted") && err.contains("memory budget"),
@@ -161,5 +162,118 @@ async fn queries_past_their_limits_get_a_clear_status_and_the_daemon_serves_on()
     );
     let (ok, out, err) = memwal(&["query", "--to", &d.flight, "--json", one]);
     assert!(ok && out.trim() == r#"{"id":7}"#, "{out}{err}");
+    d.stop_ok();
+}
+
+/// Puts rows `range` tagged `t`, 2,500 per batch.
+async fn send(c: &mut arrow_flight::FlightClient, range: std::ops::Range<i64>, t: String) {
+    let ids: Vec<i64> = range.collect();
+    let batches: Vec<RecordBatch> = ids.chunks(2_500).map(|ids| rows(ids, &t)).collect();
+    put(c, &["t"], batches).await.unwrap();
+}
+
+/// Flushes table `t` (the `flush` action).
+async fn flush(c: &mut arrow_flight::FlightClient) {
+    let acks: Vec<_> = futures::TryStreamExt::try_collect(
+        c.do_action(arrow_flight::Action::new("flush", "t"))
+            .await
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(acks.len(), 1);
+}
+
+/// `sql`'s rows as `(text of column 0, int64 column 1)` pairs.
+async fn pairs(addr: &str, sql: &str) -> Vec<(String, i64)> {
+    use arrow_array::cast::AsArray;
+    let batches = sql_rows(addr, sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let mut out = Vec::new();
+    for b in batches {
+        let text = arrow_cast::cast(b.column(0), &arrow_schema::DataType::Utf8).unwrap();
+        let n = arrow_cast::cast(b.column(1), &arrow_schema::DataType::Int64).unwrap();
+        for r in 0..b.num_rows() {
+            out.push((
+                text.as_string::<i32>().value(r).to_string(),
+                n.as_primitive::<arrow_array::types::Int64Type>().value(r),
+            ));
+        }
+    }
+    out
+}
+
+// Breaks if a query needs memory that grows with the table (the whole
+// table read into memory, as every non-lookup query once was): the table
+// here is ~12 MiB over three levels (the base, SSTables, unflushed rows),
+// the query budget 4 MiB (room for the few batches in flight), and every
+// query form must answer exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_larger_than_the_query_budget_answers_every_query() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::launch(
+        &table,
+        &[
+            "--query-memory-mib",
+            "4",
+            "--query-total-memory-mib",
+            "4",
+            "--compact-every-secs",
+            "1",
+        ],
+    );
+    let mut c = client(&d.flight, None).await;
+    let tag = |t: &str| format!("{t}{}", "x".repeat(120));
+    // The base: 80,000 rows, flushed and compacted.
+    send(&mut c, 0..80_000, tag("a")).await;
+    flush(&mut c).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while base_rows(&table).await.len() < 80_000 {
+        assert!(std::time::Instant::now() < deadline, "no compaction in 120 s");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    // SSTables: 30,000 rows, 20,000 of them overwriting the base's.
+    send(&mut c, 60_000..90_000, tag("b")).await;
+    flush(&mut c).await;
+    // Unflushed: 1,000 rows, 500 overwriting the SSTables'.
+    send(&mut c, 89_500..90_500, tag("c")).await;
+
+    let q = |sql: &'static str| pairs(&d.flight, sql);
+    assert_eq!(
+        q("SELECT 'all', count(*) FROM t").await,
+        [("all".to_string(), 90_500)]
+    );
+    let by_level = "SELECT substr(v, 1, 1) AS level, count(*) FROM t GROUP BY level ORDER BY level";
+    assert_eq!(
+        q(by_level).await,
+        [
+            ("a".to_string(), 60_000),
+            ("b".to_string(), 29_500),
+            ("c".to_string(), 1_000),
+        ]
+    );
+    // A filter Lance evaluates in every level's scan, and one it cannot.
+    assert_eq!(
+        q("SELECT 'b', sum(id) FROM t WHERE v LIKE 'b%' AND id >= 89000").await,
+        [("b".to_string(), (89_000..89_500).sum::<i64>())]
+    );
+    assert_eq!(
+        q("SELECT 'c', count(*) FROM t WHERE starts_with(v, 'c')").await,
+        [("c".to_string(), 1_000)]
+    );
+    // A projection and a limit.
+    let limited = q("SELECT v, id FROM t LIMIT 10").await;
+    assert_eq!(limited.len(), 10);
+    for (v, id) in &limited {
+        let level = match id {
+            89_500.. => "c",
+            60_000.. => "b",
+            _ => "a",
+        };
+        assert_eq!(v, &format!("{}-{id}", tag(level)), "the newest value of {id}");
+    }
     d.stop_ok();
 }
