@@ -18,8 +18,8 @@ use datafusion::datasource::{MemTable, TableType};
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
 
-use crate::lookup::KeyTuples;
 use crate::query::ReadBudget;
+use crate::reader::lookup::KeyTuples;
 use crate::TableHost;
 
 /// One served table in one query's session.
@@ -231,7 +231,7 @@ pub(crate) async fn serve(
         let columns = schema
             .fields()
             .iter()
-            .map(|f| crate::read::column_or_nulls(&batch, f))
+            .map(|f| crate::reader::snapshot::column_or_nulls(&batch, f))
             .collect();
         RecordBatch::try_new(schema.clone(), columns)?
     };
@@ -264,7 +264,7 @@ impl TableProvider for HostTable {
             .map(|f| {
                 match self.keys_of(f).is_some()
                     || self.values_of(f).is_some()
-                    || crate::scan::pushable(f)
+                    || crate::reader::scan::pushable(f)
                 {
                     true => TableProviderFilterPushDown::Inexact,
                     false => TableProviderFilterPushDown::Unsupported,
@@ -296,10 +296,13 @@ impl TableProvider for HostTable {
             Some(p) => Arc::new(self.schema.project(p)?),
             None => self.schema.clone(),
         };
-        let pushed: Vec<&Expr> = filters.iter().filter(|f| crate::scan::pushable(f)).collect();
-        let req = crate::scan::ScanRequest {
+        let pushed: Vec<&Expr> = filters
+            .iter()
+            .filter(|f| crate::reader::scan::pushable(f))
+            .collect();
+        let req = crate::reader::scan::ScanRequest {
             out,
-            filter: crate::scan::conjunction(&pushed),
+            filter: crate::reader::scan::conjunction(&pushed),
             limit,
         };
         self.host
@@ -377,11 +380,11 @@ pub(crate) mod tests {
         .unwrap()
     }
 
-    // Breaks if a query filtering on primary-key values reads the whole
-    // table instead of looking the keys up, if the lookup's rows differ
-    // from the whole read's, or if another filter is taken for a lookup.
+    // Breaks if a query filtering on primary-key values scans the table
+    // instead of looking the keys up, if the lookup's rows differ from the
+    // scan's, or if another filter is taken for a lookup.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_key_filter_is_a_lookup_and_other_filters_read_whole() {
+    async fn a_key_filter_is_a_lookup_and_other_filters_scan() {
         let dir = tempfile::tempdir().unwrap();
         let host = table(&dir).await;
         let ids: Vec<i64> = (0..20).collect();

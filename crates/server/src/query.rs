@@ -381,7 +381,10 @@ async fn settled(pool: &dyn MemoryPool) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     if pool.reserved() > 0 {
-        tracing::warn!(bytes = pool.reserved(), "a query ended still holding memory");
+        tracing::warn!(
+            bytes = pool.reserved(),
+            "a query ended still holding memory"
+        );
     }
 }
 

@@ -188,12 +188,17 @@ async fn queries_over_tables_larger_than_their_budget_stream() {
     let one = |sql: &'static str| {
         let queries = &queries;
         async move {
-            let b = all(queries, sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+            let b = all(queries, sql)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
             count(&b)
         }
     };
     assert_eq!(one("SELECT count(*) FROM t").await, 61_000);
-    assert_eq!(one("SELECT count(*) FROM t WHERE v LIKE 'fresh%'").await, 2_000);
+    assert_eq!(
+        one("SELECT count(*) FROM t WHERE v LIKE 'fresh%'").await,
+        2_000
+    );
     assert_eq!(one("SELECT count(*) FROM t WHERE v LIKE '%1'").await, 6_100);
     assert_eq!(one("SELECT count(v) FROM t WHERE id >= 58000").await, 3_000);
     assert_eq!(

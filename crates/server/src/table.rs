@@ -7,7 +7,8 @@
 //! - ingest (`ingest.rs`): puts split by the table's sharding spec and
 //!   acknowledged once every part is durable, and flush admission;
 //! - the columns served and schema changes (`evolve.rs`, `columns.rs`);
-//! - reads (`read.rs`, `lookup.rs`, `search.rs`, `memtables.rs`).
+//! - reads (`reader/`: snapshots and views, scans, lookups, searches,
+//!   the memtables they keep).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,16 +41,8 @@ pub struct TableHost {
     ingest: Ingest,
     /// The table's compactor, when the daemon runs one (status only).
     compactor: std::sync::OnceLock<memwal_compactor::Compactor>,
-    /// Whole-table reads ([`Self::read_rows`]) and key lookups
-    /// ([`Self::lookup_rows`]) served.
-    pub(crate) scans: std::sync::atomic::AtomicU64,
-    pub(crate) lookups: std::sync::atomic::AtomicU64,
-    /// Published SSTables opened for key lookups (`lookup.rs`), kept while
-    /// the view lists them: an SSTable never changes.
-    pub(crate) sstables: crate::lookup::OpenSsTables,
-    /// The held writers' unflushed rows as upstream memtables, kept and
-    /// extended read by read (`memtables.rs`).
-    pub(crate) memtables: crate::memtables::Memtables,
+    /// Reads' state: kept SSTables and memtables, counts (`reader/`).
+    reader: crate::reader::Reader,
 }
 
 impl std::fmt::Debug for TableHost {
@@ -108,10 +101,7 @@ impl TableHost {
             shards,
             ingest: Ingest::default(),
             compactor: std::sync::OnceLock::new(),
-            scans: Default::default(),
-            lookups: Default::default(),
-            sstables: Default::default(),
-            memtables: Default::default(),
+            reader: Default::default(),
         };
         host.shards.open_existing().await?;
         Ok(host)
@@ -133,11 +123,15 @@ impl TableHost {
         self.shape().key_schema.clone()
     }
 
-    /// How many whole-table reads and key lookups this host has served
-    /// (a query whose filter names keys is a lookup).
+    /// How many scans and key lookups this host has served (a query
+    /// whose filter names keys is a lookup, any other a scan).
     pub fn read_counts(&self) -> (u64, u64) {
-        use std::sync::atomic::Ordering::Relaxed;
-        (self.scans.load(Relaxed), self.lookups.load(Relaxed))
+        self.reader.counts()
+    }
+
+    /// The reads' state (`reader/`).
+    pub(crate) fn reader(&self) -> &crate::reader::Reader {
+        &self.reader
     }
 
     /// The columns puts are checked and routed by now.

@@ -26,7 +26,7 @@ use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::query::Hosts;
-use crate::search::{result_schema, DISTANCE_COLUMN, SCORE_COLUMN};
+use crate::reader::search::{result_schema, DISTANCE_COLUMN, SCORE_COLUMN};
 use crate::TableHost;
 
 /// `vector_search(table, column, vector, k)`.

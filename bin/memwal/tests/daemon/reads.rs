@@ -232,7 +232,10 @@ async fn a_table_larger_than_the_query_budget_answers_every_query() {
     flush(&mut c).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while base_rows(&table).await.len() < 80_000 {
-        assert!(std::time::Instant::now() < deadline, "no compaction in 120 s");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no compaction in 120 s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
     // SSTables: 30,000 rows, 20,000 of them overwriting the base's.
@@ -273,7 +276,11 @@ async fn a_table_larger_than_the_query_budget_answers_every_query() {
             60_000.. => "b",
             _ => "a",
         };
-        assert_eq!(v, &format!("{}-{id}", tag(level)), "the newest value of {id}");
+        assert_eq!(
+            v,
+            &format!("{}-{id}", tag(level)),
+            "the newest value of {id}"
+        );
     }
     d.stop_ok();
 }

@@ -62,7 +62,8 @@ impl TableHost {
         }
         let keys = cast_keys(keys, &key_schema)
             .map_err(|e| invalid(format!("lookup keys for ({}): {e}", key_names.join(", "))))?;
-        self.lookups
+        self.reader()
+            .lookups
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "lookup")
             .increment(1);
@@ -110,7 +111,7 @@ impl TableHost {
         } else {
             self.lookup_published(&view, &key_names, &remaining).await?
         };
-        crate::read::merge(&schema, &key_names, &published, &unflushed)
+        crate::reader::snapshot::merge(&schema, &key_names, &published, &unflushed)
             .map_err(|e| failed("merging the levels", e))
     }
 
@@ -141,7 +142,8 @@ impl TableHost {
             })
             .collect();
         tables.sort_by_key(|t| std::cmp::Reverse(t.0));
-        self.sstables
+        self.reader()
+            .sstables
             .lock()
             .retain(|(shard, path), _| tables.iter().any(|t| t.1 == *shard && t.2 == *path));
         let wanted = key_columns(keys, key_names.len()).map_err(|e| failed("lookup keys", e))?;
@@ -185,7 +187,7 @@ impl TableHost {
                 let columns = schema
                     .fields()
                     .iter()
-                    .map(|f| crate::read::column_or_nulls(b, f))
+                    .map(|f| crate::reader::snapshot::column_or_nulls(b, f))
                     .collect();
                 RecordBatch::try_new(schema.clone(), columns)
             })
@@ -203,7 +205,7 @@ impl TableHost {
         schema: &memwal_memtable::TableSchema,
     ) -> Result<Arc<SsTableReader>, ServerError> {
         let id = (shard, path.to_string());
-        if let Some(r) = self.sstables.lock().get(&id) {
+        if let Some(r) = self.reader().sstables.lock().get(&id) {
             return Ok(r.clone());
         }
         let layout = memwal_fencing::ShardLayout::new(&self.loc().root, shard);
@@ -215,7 +217,7 @@ impl TableHost {
                 reason: format!("opening SSTable {path} of shard {shard}: {e}"),
             })?;
         let reader = Arc::new(reader);
-        self.sstables.lock().insert(id, reader.clone());
+        self.reader().sstables.lock().insert(id, reader.clone());
         Ok(reader)
     }
 }

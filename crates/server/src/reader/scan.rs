@@ -1,7 +1,7 @@
 //! Scanning a served table as a stream: the plan a query runs to read the
 //! table's live rows, level by level, never the whole table at once.
 //!
-//! The snapshot rules are those of [`crate::read`] (each held writer's
+//! The snapshot rules are those of [`crate::reader::snapshot`] (each held writer's
 //! snapshot, then the published view): every put acknowledged before the
 //! plan is made is in it, no unacknowledged row is, no fenced writer's row
 //! is. A keyed table is scanned by upstream's LSM planner
@@ -32,8 +32,8 @@ use datafusion::common::{Column, DataFusionError};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Expr, Operator};
 use datafusion::physical_expr::EquivalenceProperties;
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::limit::GlobalLimitExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::UnionExec;
@@ -42,7 +42,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use crate::read::{column_or_nulls, Snapshots};
+use crate::reader::snapshot::{column_or_nulls, Snapshots};
 use crate::{ServerError, TableHost};
 
 /// The storage schema's tombstone column (memtable, WAL and SSTable rows).
@@ -79,7 +79,8 @@ impl TableHost {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        self.scans
+        self.reader()
+            .scans
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "scan")
             .increment(1);
@@ -93,10 +94,11 @@ impl TableHost {
         };
         Ok(match req.limit {
             Some(n) => {
-                let one: Arc<dyn ExecutionPlan> = match plan.properties().output_partitioning().partition_count() {
-                    1 => plan,
-                    _ => Arc::new(CoalescePartitionsExec::new(plan)),
-                };
+                let one: Arc<dyn ExecutionPlan> =
+                    match plan.properties().output_partitioning().partition_count() {
+                        1 => plan,
+                        _ => Arc::new(CoalescePartitionsExec::new(plan)),
+                    };
                 Arc::new(GlobalLimitExec::new(one, 0, Some(n)))
             }
             None => plan,
@@ -121,10 +123,12 @@ impl TableHost {
             view.snapshots(),
             keys.to_vec(),
         );
-        self.memtables
+        self.reader()
+            .memtables
             .keep_only(&snapshots.keys().copied().collect());
         for s in snapshots.values() {
             if let Some(m) = self
+                .reader()
                 .memtables
                 .of(s, keys, &[])
                 .map_err(|e| failed("reading unflushed rows", e))?
@@ -259,7 +263,7 @@ impl TableHost {
 }
 
 impl TableHost {
-    /// The live rows as of now (the rules of [`crate::read`]) that match
+    /// The live rows as of now (the rules of [`crate::reader::snapshot`]) that match
     /// `filter` (a DataFusion expression over the table's columns;
     /// `None`: every row), with only `columns` (`None`: all, in table
     /// order), at most `limit` of them, as a stream: the levels are read
@@ -310,14 +314,18 @@ impl TableHost {
         };
         let pushed = filter.as_ref().filter(|f| pushable(f));
         let req = ScanRequest {
-            out: if predicate.is_some() { schema } else { out.clone() },
+            out: if predicate.is_some() {
+                schema
+            } else {
+                out.clone()
+            },
             filter: pushed.and_then(|f| conjunction(&[f])),
             limit: if predicate.is_some() { None } else { limit },
         };
         let mut plan = self.scan_plan(&req).await?;
         if let Some(p) = predicate {
-            let filtered = datafusion::physical_plan::filter::FilterExec::try_new(p, plan)
-                .map_err(invalid)?;
+            let filtered =
+                datafusion::physical_plan::filter::FilterExec::try_new(p, plan).map_err(invalid)?;
             plan = Arc::new(Conformed::new(Arc::new(filtered), out));
             if let Some(n) = limit {
                 plan = Arc::new(GlobalLimitExec::new(
@@ -343,11 +351,9 @@ impl TableHost {
         let batches: Vec<RecordBatch> = futures::TryStreamExt::try_collect(stream)
             .await
             .map_err(|e| self.query_failed(e))?;
-        arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| {
-            ServerError::Setup {
-                table: self.name().to_string(),
-                reason: format!("scan: {e}"),
-            }
+        arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| ServerError::Setup {
+            table: self.name().to_string(),
+            reason: format!("scan: {e}"),
         })
     }
 
@@ -383,9 +389,9 @@ fn raised(e: DataFusionError, host: &TableHost) -> Option<ServerError> {
                 .map(|e| host.read_failed("scanning a level", *e)),
         },
         DataFusionError::Context(_, inner) => raised(*inner, host),
-        DataFusionError::Shared(shared) => Arc::try_unwrap(shared)
-            .ok()
-            .and_then(|e| raised(e, host)),
+        DataFusionError::Shared(shared) => {
+            Arc::try_unwrap(shared).ok().and_then(|e| raised(e, host))
+        }
         _ => None,
     }
 }
@@ -571,7 +577,9 @@ impl ExecutionPlan for Conformed {
         let input = self.input.execute(partition, context)?;
         let out = self.out.clone();
         let batches = input.map(move |b| {
-            b.and_then(|b| conform(&b, &out).map_err(|e| DataFusionError::ArrowError(Box::new(e), None)))
+            b.and_then(|b| {
+                conform(&b, &out).map_err(|e| DataFusionError::ArrowError(Box::new(e), None))
+            })
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.out.clone(),

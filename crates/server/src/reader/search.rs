@@ -6,7 +6,7 @@
 //! pylance searches a MemWAL table: upstream's `LsmScanner` runs its LSM
 //! planners over the base index, each SSTable's own index (every SSTable
 //! memwal flushes carries the maintained indexes) and the unflushed rows
-//! ([`crate::memtables`]: exact vector distances, an in-memory inverted
+//! ([`crate::reader::memtables`]: exact vector distances, an in-memory inverted
 //! index), and keeps the newest version of each key. The view is the
 //! index's: SSTables above its catch-up generation (`index_catchup`), so
 //! rows merged into the base but not yet into its index are still found.
@@ -239,6 +239,7 @@ impl TableHost {
         let mut scanner = LsmScanner::new(view.base.clone(), view.snapshots(), keys.clone());
         for s in snapshots.values() {
             let memtables = self
+                .reader()
                 .memtables
                 .of(s, &keys, &full_text)
                 .map_err(|e| self.failed("reading unflushed rows", e))?;

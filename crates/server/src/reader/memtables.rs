@@ -22,7 +22,7 @@ use lance::dataset::mem_wal::scanner::{InMemoryMemTableRef, InMemoryMemTables};
 use lance::dataset::mem_wal::write::{BatchStore, IndexStore};
 use memwal_sstable::{IndexKind, IndexSpec};
 
-use crate::read::field_id;
+use crate::reader::snapshot::field_id;
 
 /// Batches a memtable built here has room for (more start a new one, a
 /// newer generation).

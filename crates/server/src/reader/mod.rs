@@ -1,0 +1,42 @@
+//! Reads of a served table, with the state they keep: the snapshot and
+//! view every read starts from (`snapshot.rs`), scans streamed level by
+//! level (`scan.rs`), key lookups (`lookup.rs`), searches (`search.rs`)
+//! and the held writers' rows as upstream memtables (`memtables.rs`).
+//! The rules every read keeps and their tests: docs/design/fresh-reads.md.
+//!
+//! The state is [`Reader`]'s, private to this module: the rest of the
+//! server reads through `TableHost`'s read methods.
+
+pub(crate) mod lookup;
+pub(crate) mod memtables;
+pub(crate) mod scan;
+pub(crate) mod search;
+pub(crate) mod snapshot;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// What a table's reads keep between reads, and count.
+#[derive(Default)]
+pub(crate) struct Reader {
+    /// Scans planned (SQL queries that are not lookups, `scan`,
+    /// `read_rows`, exact vector searches).
+    scans: AtomicU64,
+    /// Key lookups served.
+    lookups: AtomicU64,
+    /// Published SSTables opened for key lookups, kept while the view
+    /// lists them: an SSTable never changes.
+    sstables: lookup::OpenSsTables,
+    /// The held writers' unflushed rows as upstream memtables, kept and
+    /// extended read by read.
+    memtables: memtables::Memtables,
+}
+
+impl Reader {
+    /// Scans and key lookups served so far.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (
+            self.scans.load(Ordering::Relaxed),
+            self.lookups.load(Ordering::Relaxed),
+        )
+    }
+}
