@@ -413,6 +413,62 @@ pub(crate) mod tests {
         host.close().await.unwrap();
     }
 
+    /// The `id -> v` rows a scan of `host` with `filter` returns.
+    async fn scanned(host: &TableHost, filter: Expr) -> HashMap<i64, String> {
+        let req = crate::reader::scan::ScanRequest {
+            out: host.schema(),
+            filter: Some(filter),
+            limit: None,
+        };
+        let plan = host.scan_plan(&req).await.unwrap();
+        let ctx = datafusion::prelude::SessionContext::new();
+        let batches = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+            .await
+            .unwrap();
+        let mut out = HashMap::new();
+        for b in batches {
+            let ids = b.column(0).as_primitive::<Int64Type>();
+            let vs = b.column(1).as_string::<i32>();
+            for r in 0..b.num_rows() {
+                assert!(out.insert(ids.value(r), vs.value(r).to_string()).is_none());
+            }
+        }
+        out
+    }
+
+    // Breaks if a filter is not pushed into the levels' scans (rows it
+    // rejects come back), if one brings back an older version of a key
+    // whose newest version it rejects, or if a filter Lance cannot plan
+    // fails the scan instead of being left to the query (it is pushed
+    // `Inexact`: the query applies it again).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn filters_run_inside_each_level_or_are_left_to_the_query() {
+        use datafusion::prelude::{col, lit};
+        let dir = tempfile::tempdir().unwrap();
+        let host = table(&dir).await;
+        host.write(&rows(&host, &[1, 2, 3], |i| format!("v{i}")), false)
+            .await
+            .unwrap();
+        host.flush().await.unwrap();
+        host.write(&rows(&host, &[3, 4], |i| format!("w{i}")), false)
+            .await
+            .unwrap();
+        let one = |k: i64, v: &str| HashMap::from([(k, v.to_string())]);
+        assert_eq!(scanned(&host, col("v").eq(lit("w3"))).await, one(3, "w3"));
+        assert_eq!(scanned(&host, col("v").eq(lit("v2"))).await, one(2, "v2"));
+        // Key 3's newest value is w3: its published v3 must not show.
+        assert_eq!(scanned(&host, col("v").eq(lit("v3"))).await, HashMap::new());
+        // Lance refuses an `Int64 IN (Utf8)` filter (DataFusion's SQL
+        // planner would have coerced it): every row, for the query to filter.
+        let all: HashMap<i64, String> = [(1, "v1"), (2, "v2"), (3, "w3"), (4, "w4")]
+            .into_iter()
+            .map(|(k, v)| (k, v.to_string()))
+            .collect();
+        let refused = col("id").in_list(vec![lit("x")], false);
+        assert_eq!(scanned(&host, refused).await, all);
+        host.close().await.unwrap();
+    }
+
     // Breaks if a query planned before a column was added fails when its
     // table is read after the host followed the change (the read comes in
     // the new schema, the plan expects the old one).

@@ -59,8 +59,9 @@ pub(crate) struct ScanRequest {
     /// unqualified column names); `None`: no filter. Never exact: the
     /// caller filters again.
     pub(crate) filter: Option<Expr>,
-    /// At most this many rows are needed (no filter is left to the
-    /// caller when this is set).
+    /// At most this many rows are needed. Only honoured without a
+    /// filter (a level may fail to apply the filter, which is then left
+    /// to the caller: a limit below it would cut rows it would keep).
     pub(crate) limit: Option<usize>,
 }
 
@@ -84,6 +85,10 @@ impl TableHost {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!("memwal_server_reads_total", "table" => self.name().to_string(), "kind" => "scan")
             .increment(1);
+        let req = &ScanRequest {
+            limit: req.limit.filter(|_| req.filter.is_none()),
+            ..req.clone()
+        };
         let (snapshots, view) = self.snapshot_and_view(None).await?;
         // The chaos suite's broken variant reads a keyed table's levels
         // one after the other, unmerged (its read checks must catch it).
@@ -105,7 +110,8 @@ impl TableHost {
         })
     }
 
-    /// A keyed table's levels merged by upstream's LSM planner.
+    /// A keyed table's levels merged by upstream's LSM planner. A filter
+    /// Lance cannot plan is left to the query (it is never exact here).
     async fn levels_merged(
         &self,
         req: &ScanRequest,
@@ -113,6 +119,37 @@ impl TableHost {
         snapshots: &Snapshots,
         view: &memwal_table::TableView,
     ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
+        let base: arrow_schema::Schema = view.base.schema().into();
+        self.reader()
+            .memtables
+            .keep_only(&snapshots.keys().copied().collect());
+        let filter = req.filter.as_ref().filter(|f| applies_to(f, &base));
+        let scanner = self.merged_scanner(req, keys, snapshots, view, filter)?;
+        let plan = match (scanner.create_plan().await, filter) {
+            (Ok(plan), _) => plan,
+            (Err(e), Some(f)) => {
+                tracing::debug!(table = %self.name(), filter = %f, error = %e,
+                    "Lance cannot plan the filter; the query applies it");
+                self.merged_scanner(req, keys, snapshots, view, None)?
+                    .create_plan()
+                    .await
+                    .map_err(|e| self.read_failed("planning the scan", e))?
+            }
+            (Err(e), None) => return Err(self.read_failed("planning the scan", e)),
+        };
+        Ok(Arc::new(Conformed::new(plan, req.out.clone())))
+    }
+
+    /// Upstream's scanner over `view` and `snapshots` for `req`, with
+    /// `filter` pushed into every level.
+    fn merged_scanner(
+        &self,
+        req: &ScanRequest,
+        keys: &[String],
+        snapshots: &Snapshots,
+        view: &memwal_table::TableView,
+        filter: Option<&Expr>,
+    ) -> Result<lance::dataset::mem_wal::LsmScanner, ServerError> {
         let failed = |what: &str, e: String| ServerError::Setup {
             table: self.name().to_string(),
             reason: format!("{what}: {e}"),
@@ -123,9 +160,6 @@ impl TableHost {
             view.snapshots(),
             keys.to_vec(),
         );
-        self.reader()
-            .memtables
-            .keep_only(&snapshots.keys().copied().collect());
         for s in snapshots.values() {
             if let Some(m) = self
                 .reader()
@@ -141,7 +175,7 @@ impl TableHost {
         scanner = scanner
             .project(&columns)
             .map_err(|e| failed("projecting the scan", e.to_string()))?;
-        if let Some(f) = req.filter.as_ref().filter(|f| applies_to(f, &base)) {
+        if let Some(f) = filter {
             scanner = scanner.filter_expr(f.clone());
         }
         if let Some(n) = req.limit {
@@ -149,11 +183,7 @@ impl TableHost {
                 .limit(Some(n as i64), None)
                 .map_err(|e| failed("limiting the scan", e.to_string()))?;
         }
-        let plan = scanner
-            .create_plan()
-            .await
-            .map_err(|e| self.read_failed("planning the scan", e))?;
-        Ok(Arc::new(Conformed::new(plan, req.out.clone())))
+        Ok(scanner)
     }
 
     /// A level that could not be opened or planned, typed: `UNAVAILABLE`
@@ -247,17 +277,32 @@ impl TableHost {
             // A row count needs some column: the narrowest will do.
             columns.extend(narrowest(&schema));
         }
-        let mut scanner = ds.scan();
-        scanner.project(&columns).map_err(failed)?;
-        if let Some(f) = req.filter.as_ref().filter(|f| applies_to(f, &schema)) {
-            scanner.filter_expr(f.clone());
-        }
-        if limit.is_some() {
-            scanner
-                .limit(limit.map(|n| n as i64), None)
-                .map_err(failed)?;
-        }
-        let plan = scanner.create_plan().await.map_err(failed)?;
+        let filter = req.filter.as_ref().filter(|f| applies_to(f, &schema));
+        let scanner = |filter: Option<&Expr>| {
+            let mut scanner = ds.scan();
+            scanner.project(&columns)?;
+            if let Some(f) = filter {
+                scanner.filter_expr(f.clone());
+            }
+            if limit.is_some() {
+                scanner.limit(limit.map(|n| n as i64), None)?;
+            }
+            Ok::<_, lance::Error>(scanner)
+        };
+        let plan = match (scanner(filter).map_err(failed)?.create_plan().await, filter) {
+            (Ok(plan), _) => plan,
+            (Err(e), Some(f)) => {
+                // Never exact here: the query applies it.
+                tracing::debug!(table = %self.name(), filter = %f, error = %e,
+                    "Lance cannot plan the filter; the query applies it");
+                scanner(None)
+                    .map_err(failed)?
+                    .create_plan()
+                    .await
+                    .map_err(failed)?
+            }
+            (Err(e), None) => return Err(failed(e)),
+        };
         Ok(Arc::new(Conformed::new(plan, req.out.clone())))
     }
 }
