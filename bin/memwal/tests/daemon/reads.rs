@@ -284,3 +284,55 @@ async fn a_table_larger_than_the_query_budget_answers_every_query() {
     }
     d.stop_ok();
 }
+
+// Breaks if a query through a daemon one of whose shards is down (its
+// writer stopped on a storage failure: whatever it acknowledged would
+// only be in its WAL) is answered from the published state instead of
+// refused with UNAVAILABLE naming the shard, or if the daemon stops
+// answering what it can: a query touching no table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_over_a_down_shard_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    // Every large WAL write fails (EIO; a write of at least 64 KiB is
+    // staged, where the fault point is): the first large put takes its
+    // shard down.
+    let wal_fails = "store::stage_write=return(5@/wal/)";
+    let d = Daemon::try_launch(&table, &["--no-compactor"], &[("FAILPOINTS", wal_fails)])
+        .expect("the daemon serves");
+    let mut c = client(&d.flight, None).await;
+    let large = rows(&[4; 100], &format!("a{}", "x".repeat(1000)));
+    let e = put(&mut c, &["t"], vec![large])
+        .await
+        .expect_err("a put whose WAL write fails");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e}");
+    let down: Vec<String> = {
+        let (_, body) = http_fetch(&d.http, "/status", None);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["tables"]["t"]["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["state"] == "down")
+            .map(|s| s["shard"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(down.len(), 1, "one shard down: {down:?}");
+    for sql in [
+        "SELECT count(*) FROM t",
+        "SELECT * FROM t WHERE id = 4",
+        "SELECT v FROM t WHERE v LIKE 'a%' LIMIT 1",
+    ] {
+        let e = sql_rows(&d.flight, sql).await.expect_err(sql);
+        assert!(
+            e.code() == tonic::Code::Unavailable && e.message().contains(&down[0]),
+            "{sql}: {:?} {}",
+            e.code(),
+            e.message()
+        );
+    }
+    let one = sql_rows(&d.flight, "SELECT 1").await.unwrap();
+    assert_eq!(one[0].num_rows(), 1);
+    d.stop();
+}
