@@ -370,3 +370,75 @@ async fn sql_reads_agree_with_pylance_before_and_after_flush_compaction_and_gc()
     same(&compacted["pylance"], &model, "compacted, pylance");
     d.stop_ok();
 }
+
+// Breaks if a daemon whose shard another daemon claimed answers SQL reads
+// from its stale memtables (issue 35, read isolation across daemons):
+// through the fenced daemon, every row, key lookups and `vector_search`
+// must show the new owner's published state, not the fenced writer's
+// rows (overwritten and deleted since). Fails without the epoch check of
+// `TableHost::view_after`: the fenced daemon finds the deleted rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_daemon_reads_and_searches_the_new_owners_state() {
+    let Some(python) = test_python("fenced reads") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    run_python(&python, "indexed_table.py", &[&table]);
+    let a = Daemon::start(&table, &[]);
+    let mut to_a = client(&a.flight, None).await;
+    let ids: Vec<i64> = (FRESH..FRESH + 100).collect();
+    put(&mut to_a, &["t"], vec![tagged(&ids, 1)]).await.unwrap();
+
+    // B claims the shard (replaying A's acknowledged rows), overwrites,
+    // deletes and publishes; A's writer, idle, is fenced.
+    let b = Daemon::start(&table, &[]);
+    let mut to_b = client(&b.flight, None).await;
+    let rewritten: Vec<i64> = (FRESH..FRESH + 20).collect();
+    put(&mut to_b, &["t"], vec![tagged(&rewritten, 2)])
+        .await
+        .unwrap();
+    let deleted: Vec<i64> = (FRESH + 40..FRESH + 50).chain([8]).collect();
+    put(&mut to_b, &["t", "delete"], vec![keys(&deleted)])
+        .await
+        .unwrap();
+    let flushed: Vec<_> = to_b
+        .do_action(arrow_flight::Action::new("flush", "t"))
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(flushed.len(), 1);
+
+    let lookups = [5, 8, FRESH, FRESH + 30, FRESH + 45, FRESH + 99];
+    // Each probe is the vector its row had in A's memtable.
+    let probes = serde_json::Value::Array(
+        [FRESH, FRESH + 10, FRESH + 30, FRESH + 42, FRESH + 47]
+            .iter()
+            .map(|&id| serde_json::json!([id, vector(id + 1_000_000)]))
+            .collect(),
+    );
+    let through_b = reads(&python, Some(&b.flight), &table, false, &lookups, &probes).await;
+    let sql = &through_b["sql"];
+    assert_eq!(sql["rows"].as_object().unwrap().len(), 3000 + 100 - 11);
+    assert_eq!(
+        sql["lookups"][(FRESH + 45).to_string()],
+        serde_json::Value::Null
+    );
+    assert_eq!(sql["nearest"][(FRESH + 30).to_string()], FRESH + 30);
+    assert_ne!(sql["nearest"][(FRESH + 42).to_string()], FRESH + 42);
+    let through_a = reads(&python, Some(&a.flight), &table, false, &lookups, &probes).await;
+    let through_a = &through_a["sql"];
+    assert_eq!(
+        through_a["nearest"], sql["nearest"],
+        "vector_search through the fenced daemon"
+    );
+    assert_eq!(
+        through_a["lookups"], sql["lookups"],
+        "lookups through the fenced daemon"
+    );
+    same(through_a, sql, "through the fenced daemon");
+    a.stop_ok();
+    b.stop_ok();
+}
