@@ -508,22 +508,30 @@ async fn flight_sql(
     Ok(())
 }
 
-/// The process's peak resident set since the last [`reset_peak`], MiB
-/// (`VmHWM`; 0 where /proc is not there).
-fn peak_mib() -> f64 {
+/// `field` of /proc/self/status (`VmHWM`, `VmRSS`), MiB; 0 where /proc
+/// is not there.
+fn status_mib(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
-/// Starts a new peak for [`peak_mib`] (Linux: `clear_refs` 5).
-fn reset_peak() {
+/// How far the resident set rose above where it was at the last
+/// [`reset_peak`], MiB (`VmHWM` against the `VmRSS` then).
+fn peak_growth_mib(at_reset: f64) -> f64 {
+    (status_mib("VmHWM:") - at_reset).max(0.0)
+}
+
+/// Starts a new peak (Linux: `clear_refs` 5); returns the resident set
+/// now, MiB.
+fn reset_peak() -> f64 {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+    status_mib("VmRSS:")
 }
 
 /// Runs `sql`, streaming its result: rows and bytes received, nothing kept.
@@ -580,8 +588,9 @@ async fn up_count(
 /// The query forms of a table larger than the query budget: each as SQL
 /// over Flight SQL (memwal, plan + DoGet, the result streamed to a client
 /// in this process) against upstream's `LsmScanner` in process on the
-/// same data, alternating, `a.scans` times each; with each side's peak
-/// RSS (this process's: the client's share is one batch at a time).
+/// same data, alternating, `a.scans` times each; with how far each side
+/// raised this process's peak RSS above where it was (the client's share
+/// is one batch at a time).
 /// Upstream's `GROUP BY` is its scan of the column alone (no grouping):
 /// a lower bound.
 async fn query_forms(a: &Args, addr: std::net::SocketAddr, up: &Upstream) -> Result<(), String> {
@@ -627,7 +636,7 @@ async fn query_forms(a: &Args, addr: std::net::SocketAddr, up: &Upstream) -> Res
     );
     println!(
         "| form | memwal rows | memwal median s | upstream median s | memwal / upstream speed | \
-         memwal MB/s | memwal peak RSS MiB | upstream peak RSS MiB |"
+         memwal MB/s | memwal peak RSS growth MiB | upstream peak RSS growth MiB |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     for (name, sql, f) in &forms {
@@ -635,16 +644,16 @@ async fn query_forms(a: &Args, addr: std::net::SocketAddr, up: &Upstream) -> Res
         let mut got = (0, 0);
         let (mut rss_ours, mut rss_up) = (0f64, 0f64);
         for _ in 0..a.scans {
-            reset_peak();
+            let at = reset_peak();
             let t = Instant::now();
             got = sql_count(&mut client, sql).await?;
             ours.push(t.elapsed().as_secs_f64());
-            rss_ours = rss_ours.max(peak_mib());
-            reset_peak();
+            rss_ours = rss_ours.max(peak_growth_mib(at));
+            let at = reset_peak();
             let t = Instant::now();
             up_count(up, f).await?;
             theirs.push(t.elapsed().as_secs_f64());
-            rss_up = rss_up.max(peak_mib());
+            rss_up = rss_up.max(peak_growth_mib(at));
         }
         let (o, u) = (pct(&mut ours, 0.5), pct(&mut theirs, 0.5));
         println!(

@@ -179,7 +179,7 @@ impl HostTable {
 /// Literal values per key column (by position in the primary key).
 type ColumnValues = std::collections::BTreeMap<usize, Vec<ScalarValue>>;
 
-/// A filter naming more key combinations than this reads the table whole.
+/// A filter naming more key combinations than this is a scan, not a lookup.
 const MAX_LOOKUP_KEYS: usize = 4096;
 
 /// `a` and `b` together; `None` when both restrict one column (the
@@ -400,13 +400,13 @@ pub(crate) mod tests {
         };
         let got = run("SELECT id, v FROM t WHERE id IN (3, 7, 99) ORDER BY id").await;
         assert_eq!(pairs(&got), [(3, "v3".into()), (7, "v7".into())]);
-        assert_eq!(host.read_counts(), (0, 1), "a lookup, no whole read");
+        assert_eq!(host.read_counts(), (0, 1), "a lookup, no scan");
         let got = run("SELECT id, v FROM t WHERE 4 = id").await;
         assert_eq!(pairs(&got), [(4, "v4".into())]);
         assert_eq!(host.read_counts(), (0, 2));
         let got = run("SELECT id, v FROM t WHERE v = 'v5'").await;
         assert_eq!(pairs(&got), [(5, "v5".into())]);
-        assert_eq!(host.read_counts(), (1, 2), "not a key filter: read whole");
+        assert_eq!(host.read_counts(), (1, 2), "not a key filter: a scan");
         let got = run("SELECT id, v FROM t WHERE id > 17 ORDER BY id").await;
         assert_eq!(pairs(&got), [(18, "v18".into()), (19, "v19".into())]);
         assert_eq!(host.read_counts(), (2, 2));
@@ -504,7 +504,7 @@ pub(crate) mod tests {
 
     // Breaks if filters restricting every column of a composite key
     // (split by DataFusion into one filter per column, or one `OR` of
-    // `AND`s) read the table whole instead of looking the tuples up, or if
+    // `AND`s) scan the table instead of looking the tuples up, or if
     // filters on part of the key are taken for a lookup.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn filters_naming_every_column_of_a_composite_key_are_a_lookup() {
@@ -569,7 +569,7 @@ pub(crate) mod tests {
             }
         };
         assert_eq!(run("SELECT v FROM t WHERE a = 1 AND b = 'y'").await, ["1y"]);
-        assert_eq!(host.read_counts(), (0, 1), "a lookup, no whole read");
+        assert_eq!(host.read_counts(), (0, 1), "a lookup, no scan");
         assert_eq!(
             run("SELECT v FROM t WHERE (a = 1 AND b = 'x') OR (b = 'y' AND a = 2)").await,
             ["1x", "2y"]
@@ -581,7 +581,7 @@ pub(crate) mod tests {
         );
         assert_eq!(host.read_counts(), (0, 3));
         assert_eq!(run("SELECT v FROM t WHERE a = 2").await, ["2x", "2y"]);
-        assert_eq!(host.read_counts(), (1, 3), "part of the key: read whole");
+        assert_eq!(host.read_counts(), (1, 3), "part of the key: a scan");
         // `OR`ed restrictions naming more than MAX_LOOKUP_KEYS tuples in
         // all are not a lookup (each alone is under the cap).
         let list =
@@ -598,7 +598,7 @@ pub(crate) mod tests {
             3,
             "1x, 2x, 2y"
         );
-        assert_eq!(host.read_counts(), (2, 3), "6000 tuples: read whole");
+        assert_eq!(host.read_counts(), (2, 3), "6000 tuples: a scan");
         host.close().await.unwrap();
     }
 }

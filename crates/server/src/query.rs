@@ -1,10 +1,10 @@
 //! SQL over the served tables (Flight SQL `CommandStatementQuery` and
 //! prepared statements): DataFusion plans and runs the query over each
-//! table as [`TableHost::read_rows`] reads it (published data plus this
-//! daemon's memtables), so a query sent after an ack sees the acked rows;
-//! filters on primary-key values (`id = 4`, `id IN (..)`, every column
-//! of a composite key) read only those keys ([`TableHost::lookup_keys`],
-//! `provider.rs`). Queries run on their own runtime and stream their
+//! table as it streams its levels ([`TableHost::scan_plan`]: published
+//! data plus this daemon's memtables), so a query sent after an ack sees
+//! the acked rows; filters on primary-key values (`id = 4`, `id IN (..)`,
+//! every column of a composite key) read only those keys
+//! ([`TableHost::lookup_keys`], `provider.rs`). Queries run on their own runtime and stream their
 //! results ([`stream`]).
 //!
 //! `vector_search(table, column, vector, k)` and `fts(table, column,
@@ -470,8 +470,8 @@ impl MemoryPool for QueryPool {
     }
 }
 
-/// The table rows one query read, held (and counted in its memory pool)
-/// until the query ends.
+/// The rows one query's key lookups and searches read, held (and counted
+/// in its memory pool) until the query ends.
 #[derive(Debug, Default)]
 pub(crate) struct ReadBudget {
     held: parking_lot::Mutex<Vec<MemoryReservation>>,

@@ -90,6 +90,10 @@ impl TableHost {
             ..req.clone()
         };
         let (snapshots, view) = self.snapshot_and_view(None).await?;
+        tracing::debug!(table = %self.name(),
+            sstables = view.shards.iter().map(|s| s.sstables.len()).sum::<usize>(),
+            held_shards = snapshots.len(), columns = req.out.fields().len(),
+            filter = req.filter.is_some(), limit = ?req.limit, "scan planned");
         // The chaos suite's broken variant reads a keyed table's levels
         // one after the other, unmerged (its read checks must catch it).
         let plan = if keys.is_empty() || memwal_store::broken("broken::read_levels_unmerged") {
