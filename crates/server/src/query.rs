@@ -4,8 +4,8 @@
 //! data plus this daemon's memtables), so a query sent after an ack sees
 //! the acked rows; filters on primary-key values (`id = 4`, `id IN (..)`,
 //! every column of a composite key) read only those keys
-//! ([`TableHost::lookup_keys`], `provider.rs`). Queries run on their own runtime and stream their
-//! results ([`stream`]).
+//! ([`TableHost::lookup_keys`], `provider.rs`). Queries run on their own
+//! runtime and stream their results ([`stream`]).
 //!
 //! `vector_search(table, column, vector, k)` and `fts(table, column,
 //! query [, limit])` are table functions for search

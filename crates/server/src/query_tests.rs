@@ -300,3 +300,25 @@ async fn a_count_of_a_table_at_rest_reads_nothing() {
     );
     assert_eq!(count(&all(&queries, sql).await.unwrap()), 4_997);
 }
+
+// Breaks if a level's scan failing while a query runs (a Lance error
+// raised as the stream is read) is not UNAVAILABLE when storage may
+// recover and INTERNAL otherwise: it was INVALID_ARGUMENT, and a client
+// would have dropped a query a retry may answer.
+#[test]
+fn a_scan_failing_as_it_runs_is_unavailable_only_when_storage_may_recover() {
+    let failed = |e: object_store::Error| {
+        let e = DataFusionError::External(Box::new(lance::Error::from(e)));
+        super::refused("SELECT * FROM t", e, &QueryLimits::default()).code()
+    };
+    let reset = object_store::Error::Generic {
+        store: "S3",
+        source: "connection reset by peer".into(),
+    };
+    assert_eq!(failed(reset), Code::Unavailable);
+    let denied = object_store::Error::PermissionDenied {
+        path: "t/data/0.lance".into(),
+        source: "403 Forbidden".into(),
+    };
+    assert_eq!(failed(denied), Code::Internal);
+}
