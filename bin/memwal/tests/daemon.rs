@@ -539,14 +539,7 @@ async fn the_daemon_compacts_and_collects_garbage_by_itself() {
             .await
             .unwrap();
     }
-    let flushed = c
-        .do_action(arrow_flight::Action::new("flush", "t"))
-        .await
-        .unwrap()
-        .try_collect::<Vec<_>>()
-        .await
-        .unwrap();
-    assert_eq!(flushed.len(), 1);
+    flush(&mut c).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     loop {
         let (_, body) = http_fetch(&d.http, "/status", None);

@@ -402,14 +402,7 @@ async fn a_fenced_daemon_reads_and_searches_the_new_owners_state() {
     put(&mut to_b, &["t", "delete"], vec![keys(&deleted)])
         .await
         .unwrap();
-    let flushed: Vec<_> = to_b
-        .do_action(arrow_flight::Action::new("flush", "t"))
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    assert_eq!(flushed.len(), 1);
+    flush(&mut to_b).await;
 
     let lookups = [5, 8, FRESH, FRESH + 30, FRESH + 45, FRESH + 99];
     // Each probe is the vector its row had in A's memtable.

@@ -66,14 +66,7 @@ async fn up_count(
 ) -> Result<(usize, usize), String> {
     use futures::StreamExt;
     let view = up.view().await?;
-    let refs = up
-        .writer
-        .in_memory_memtable_refs()
-        .await
-        .map_err(|e| e.to_string())?;
-    let scanner = LsmScanner::new(view.base.clone(), view.snapshots(), vec!["id".into()])
-        .with_in_memory_memtables(up.shard, refs);
-    let mut stream = f(scanner)?
+    let mut stream = f(up.scanner(&view).await?)?
         .try_into_stream()
         .await
         .map_err(|e| e.to_string())?;

@@ -233,14 +233,23 @@ impl Upstream {
         Ok(found.map_or(0, |b| b.num_rows()))
     }
 
-    async fn scan(&self, view: &TableView) -> Result<usize, String> {
+    /// `LsmScanner` over `view` and this side's writer's memtables.
+    async fn scanner(&self, view: &TableView) -> Result<LsmScanner, String> {
         let refs = self
             .writer
             .in_memory_memtable_refs()
             .await
             .map_err(|e| e.to_string())?;
-        let b = LsmScanner::new(view.base.clone(), view.snapshots(), vec!["id".into()])
-            .with_in_memory_memtables(self.shard, refs)
+        Ok(
+            LsmScanner::new(view.base.clone(), view.snapshots(), vec!["id".into()])
+                .with_in_memory_memtables(self.shard, refs),
+        )
+    }
+
+    async fn scan(&self, view: &TableView) -> Result<usize, String> {
+        let b = self
+            .scanner(view)
+            .await?
             .try_into_batch()
             .await
             .map_err(|e| e.to_string())?;
@@ -720,13 +729,9 @@ async fn vector_search(a: &Args) -> Result<(), String> {
         our_hits += usize::from(first_id(&got) == Some(id));
         let t = Instant::now();
         let view = up.view().await?;
-        let refs = up
-            .writer
-            .in_memory_memtable_refs()
-            .await
-            .map_err(|e| e.to_string())?;
-        let got = LsmScanner::new(view.base.clone(), view.snapshots(), vec!["id".into()])
-            .with_in_memory_memtables(up.shard, refs)
+        let got = up
+            .scanner(&view)
+            .await?
             .nearest("vec", &arrow_array::Float32Array::from(query.clone()), 10)
             .map_err(|e| e.to_string())?
             .try_into_batch()

@@ -207,6 +207,19 @@ pub async fn put(
         .await
 }
 
+/// The `flush` action on table `t`: returns once every shard's unflushed
+/// rows are published; panics unless it answered one result.
+pub async fn flush(c: &mut FlightClient) {
+    let acks: Vec<_> = c
+        .do_action(arrow_flight::Action::new("flush", "t"))
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(acks.len(), 1);
+}
+
 pub fn status(e: arrow_flight::error::FlightError) -> tonic::Status {
     match e {
         arrow_flight::error::FlightError::Tonic(s) => *s,

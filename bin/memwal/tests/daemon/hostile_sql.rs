@@ -8,7 +8,6 @@ use std::sync::Arc;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_flight::sql::client::FlightSqlServiceClient;
-use futures::TryStreamExt;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -156,14 +155,7 @@ async fn cut_and_heavy_queries_leave_the_next_ones_answered() {
     // 16 readers at once of the table flushed (10,000 rows in SSTables,
     // not 8,000 memtable batches: a whole read of those costs each reader
     // a merge of every batch), every one answered.
-    let flushed: Vec<_> = c
-        .do_action(arrow_flight::Action::new("flush", "t"))
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
-    assert_eq!(flushed.len(), 1);
+    flush(&mut c).await;
     let like = "SELECT count(*) FROM t WHERE v LIKE 'a-1%'";
     let answers = futures::future::join_all((0..16).map(|_| scalar(&d.flight, like))).await;
     for a in answers {

@@ -172,18 +172,6 @@ async fn send(c: &mut arrow_flight::FlightClient, range: std::ops::Range<i64>, t
     put(c, &["t"], batches).await.unwrap();
 }
 
-/// Flushes table `t` (the `flush` action).
-async fn flush(c: &mut arrow_flight::FlightClient) {
-    let acks: Vec<_> = futures::TryStreamExt::try_collect(
-        c.do_action(arrow_flight::Action::new("flush", "t"))
-            .await
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(acks.len(), 1);
-}
-
 /// `sql`'s rows as `(text of column 0, int64 column 1)` pairs.
 async fn pairs(addr: &str, sql: &str) -> Vec<(String, i64)> {
     use arrow_array::cast::AsArray;

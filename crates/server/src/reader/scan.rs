@@ -143,13 +143,13 @@ impl TableHost {
             .memtables
             .keep_only(&snapshots.keys().copied().collect());
         let filter = req.filter.as_ref().filter(|f| applies_to(f, &base));
-        let scanner = self.merged_scanner(req, keys, snapshots, view, filter)?;
+        let scanner = self.merged_scanner(req, keys, snapshots, view, &base, filter)?;
         let plan = match (scanner.create_plan().await, filter) {
             (Ok(plan), _) => plan,
             (Err(e), Some(f)) => {
                 tracing::debug!(table = %self.name(), filter = %f, error = %e,
                     "Lance cannot plan the filter; the query applies it");
-                self.merged_scanner(req, keys, snapshots, view, None)?
+                self.merged_scanner(req, keys, snapshots, view, &base, None)?
                     .create_plan()
                     .await
                     .map_err(|e| self.read_failed("planning the scan", e))?
@@ -159,21 +159,22 @@ impl TableHost {
         Ok(Arc::new(Conformed::new(plan, req.out.clone())))
     }
 
-    /// Upstream's scanner over `view` and `snapshots` for `req`, with
-    /// `filter` pushed into every level.
+    /// Upstream's scanner over `view` (whose base has the Arrow schema
+    /// `base`) and `snapshots` for `req`, with `filter` pushed into every
+    /// level.
     fn merged_scanner(
         &self,
         req: &ScanRequest,
         keys: &[String],
         snapshots: &Snapshots,
         view: &memwal_table::TableView,
+        base: &arrow_schema::Schema,
         filter: Option<&Expr>,
     ) -> Result<lance::dataset::mem_wal::LsmScanner, ServerError> {
         let failed = |what: &str, e: String| ServerError::Setup {
             table: self.name().to_string(),
             reason: format!("{what}: {e}"),
         };
-        let base: arrow_schema::Schema = view.base.schema().into();
         let mut scanner = lance::dataset::mem_wal::LsmScanner::new(
             view.base.clone(),
             view.snapshots(),
@@ -190,7 +191,7 @@ impl TableHost {
             }
         }
         // Only what the table has now; the rest reads as nulls.
-        let columns = present(&req.out, &base);
+        let columns = present(&req.out, base);
         scanner = scanner
             .project(&columns)
             .map_err(|e| failed("projecting the scan", e.to_string()))?;
