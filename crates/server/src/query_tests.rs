@@ -83,6 +83,15 @@ async fn statements_past_their_caps_are_refused_and_those_within_run() {
     let chain = format!("SELECT count(*) FROM t WHERE {}", ors.join(" OR "));
     assert_eq!(crate::statement::check(&chain, 1 << 20, 1000), Ok(()));
     assert_eq!(count(&all(&queries, &chain).await.unwrap()), 500);
+    // A chain at the cap on a column that is not the key is a scan whose
+    // filter is pushed into every level's Lance scan: it plans there and
+    // answers too.
+    let ors: Vec<String> = (0..500)
+        .map(|i| format!("v = 'value {:>20}'", i * 2))
+        .collect();
+    let chain = format!("SELECT count(*) FROM t WHERE {}", ors.join(" OR "));
+    assert_eq!(crate::statement::check(&chain, 1 << 20, 1000), Ok(()));
+    assert_eq!(count(&all(&queries, &chain).await.unwrap()), 500);
     // So does an arithmetic chain 999 deep.
     let sum = format!("SELECT 1{} AS n", "+1".repeat(999));
     let got = all(&queries, &sum).await.unwrap();
