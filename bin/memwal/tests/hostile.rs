@@ -551,6 +551,50 @@ async fn past_its_limits_the_daemon_refuses_and_keeps_serving() {
     d.stop_ok();
 }
 
+// Breaks if a call's last answer reaches the client before the call frees
+// its `max_streams` place: a client that sends its next put on hearing a
+// refusal is then refused for its own finished call (seen in CI, where the
+// race is won by the client now and then). The fault point holds the
+// finished task for 400 ms, so the race is lost every time without the
+// ordering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_frees_its_place_before_the_client_hears() {
+    let (_dir, t) = table();
+    let d = Daemon::try_launch(
+        &t,
+        &["--no-compactor", "--max-streams", "1"],
+        &[("FAILPOINTS", "server::ingest_end=return(400)")],
+    )
+    .expect("the daemon starts");
+    let mut c = client(&d.flight, None).await;
+    for path in [Path::Put, Path::Sql] {
+        let wrong = {
+            use arrow_array::{ArrayRef, Int64Array};
+            let schema = arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+                "nope",
+                arrow_schema::DataType::Int64,
+                false,
+            )]);
+            RecordBatch::try_new(
+                std::sync::Arc::new(schema),
+                vec![std::sync::Arc::new(Int64Array::from(vec![1])) as ArrayRef],
+            )
+            .unwrap()
+        };
+        let e = send(&mut c, path, encode(path, wrong, None).await)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{path:?}: {e}");
+        let ok = encode(path, rows(&[7], "next"), None).await;
+        assert_eq!(
+            send(&mut c, path, ok).await.unwrap(),
+            1,
+            "{path:?}: the next call is admitted"
+        );
+    }
+    d.stop_ok();
+}
+
 // Breaks if the daemon takes connections without bound (each idle TCP
 // connection holds a task and buffers for as long as a client keeps it):
 // past `--max-connections` a connection is closed on accept, the ones

@@ -266,6 +266,9 @@ impl FlightService for IngestService {
         };
         let task = async move {
             task.await;
+            if let Some(pause) = memwal_store::pause("server::ingest_end") {
+                tokio::time::sleep(pause).await;
+            }
             drop(stream);
         }
         .boxed();
@@ -384,8 +387,8 @@ fn spawn_monitored(
     let table = table.to_string();
     let span = tracing::info_span!("ingest", table = %table);
     let handle = tokio::spawn(task.instrument(span));
-    let end = futures::stream::once(async move {
-        let e = handle.await.err()?;
+    let failure = move |ended: Result<(), tokio::task::JoinError>| {
+        let e = ended.err()?;
         let why = if e.is_panic() {
             panic_message(&*e.into_panic())
         } else {
@@ -394,13 +397,28 @@ fn spawn_monitored(
         metrics::counter!("memwal_server_ingest_failures_total", "table" => table.clone())
             .increment(1);
         tracing::error!(table = %table, error = %why, "an ingest task failed");
-        Some(Err(Status::internal(format!(
+        Some(Status::internal(format!(
             "table `{table}`: the put failed inside the daemon ({why}); the outcome of the \
              batch in flight is unknown (batches acknowledged before it are durable)"
-        ))))
-    })
-    .filter_map(futures::future::ready);
-    Box::pin(responses.chain(end))
+        )))
+    };
+    // The call's last word (its error, or the end of the stream) reaches
+    // the client only once the task has ended, so the resources the task
+    // held (its `max_streams` place, decoded bytes) are free by then: a
+    // client that sends its next call on seeing the answer is not refused
+    // for its own finished call.
+    let replies = futures::stream::unfold(Some((responses, handle, failure)), |state| async move {
+        let (mut responses, handle, failure) = state?;
+        match responses.next().await {
+            Some(Ok(reply)) => Some((Ok(reply), Some((responses, handle, failure)))),
+            Some(Err(status)) => {
+                let _ended = handle.await;
+                Some((Err(status), None))
+            }
+            None => failure(handle.await).map(|status| (Err(status), None)),
+        }
+    });
+    Box::pin(replies)
 }
 
 /// Writes each decoded batch and sends its acknowledgement once durable;

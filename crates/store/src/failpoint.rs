@@ -15,8 +15,8 @@
 //! not updated), `writer::mid_replay` (a replayed generation published,
 //! the rest of the WAL not), `server::before_write` (a decoded put, not yet
 //! split into shards), `server::read_after_snapshots` (a read took its
-//! writers' snapshots, not yet the published view), `compactor::between_passes` (delete pass
-//! committed, upsert pass not), `compactor::after_commit` (base committed,
+//! writers' snapshots, not yet the published view),
+//! `compactor::between_passes` (delete pass committed, upsert pass not), `compactor::after_commit` (base committed,
 //! the writer has not pruned), `gc::mid` (some objects deleted, not all).
 
 /// Passes the named point: with `failpoints` compiled in and the point
@@ -74,6 +74,23 @@ pub fn io_fault(name: &str, path: &std::path::Path) -> Option<std::io::Error> {
             .then(|| std::io::Error::from_raw_os_error(errno))
     });
     let _ = (name, path);
+    None
+}
+
+/// How long the calling task should pause at the point `name`, if armed
+/// with `return(MS)` (`failpoints` feature only). Unlike `sleep` at a
+/// [`crash_point`], which blocks the calling thread (and with it whatever
+/// that runtime thread was about to run), the caller awaits the pause, so
+/// only its own task waits. Points: `server::ingest_end` (an ingest call's
+/// task has ended, its `max_streams` place not yet freed).
+#[inline(always)]
+pub fn pause(name: &str) -> Option<std::time::Duration> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(name, |arg| {
+        let ms = arg.and_then(|a| a.trim().parse().ok()).unwrap_or(100);
+        Some(std::time::Duration::from_millis(ms))
+    });
+    let _ = name;
     None
 }
 

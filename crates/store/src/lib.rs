@@ -30,7 +30,7 @@ pub use aligned::AlignedWriter;
 pub use classify::{http_status, is_sync_failure, is_transient, is_transient_cause};
 pub use direct::DIRECT_MIN_BYTES;
 pub use error::{StoreError, StoreResult};
-pub use failpoint::{broken, crash_point, failpoints_from_env};
+pub use failpoint::{broken, crash_point, failpoints_from_env, pause};
 pub use object_store::{path::Path, ObjectStore};
 pub use ops::{create_object, object_exists, put_overwrite, read_object, CreateOutcome};
 pub use retry::RetryPolicy;
