@@ -16,8 +16,10 @@
 //! the rest of the WAL not), `server::before_write` (a decoded put, not yet
 //! split into shards), `server::read_after_snapshots` (a read took its
 //! writers' snapshots, not yet the published view),
-//! `compactor::between_passes` (delete pass committed, upsert pass not), `compactor::after_commit` (base committed,
-//! the writer has not pruned), `gc::mid` (some objects deleted, not all).
+//! `compactor::between_passes` (delete pass committed, upsert pass not),
+//! `compactor::after_commit` (base committed, the writer has not pruned),
+//! `gc::mid` (some objects deleted, not all). Pauses that only the calling
+//! task waits out: [`pause`].
 
 /// Passes the named point: with `failpoints` compiled in and the point
 /// armed, aborts the process (`return`) or pauses (`sleep`).
