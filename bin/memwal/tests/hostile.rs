@@ -568,20 +568,8 @@ async fn a_refused_call_frees_its_place_before_the_client_hears() {
     .expect("the daemon starts");
     let mut c = client(&d.flight, None).await;
     for path in [Path::Put, Path::Sql] {
-        let wrong = {
-            use arrow_array::{ArrayRef, Int64Array};
-            let schema = arrow_schema::Schema::new(vec![arrow_schema::Field::new(
-                "nope",
-                arrow_schema::DataType::Int64,
-                false,
-            )]);
-            RecordBatch::try_new(
-                std::sync::Arc::new(schema),
-                vec![std::sync::Arc::new(Int64Array::from(vec![1])) as ArrayRef],
-            )
-            .unwrap()
-        };
-        let e = send(&mut c, path, encode(path, wrong, None).await)
+        let null_key = nullable_keys(&[None]);
+        let e = send(&mut c, path, encode(path, null_key, None).await)
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{path:?}: {e}");

@@ -412,7 +412,9 @@ fn spawn_monitored(
         match responses.next().await {
             Some(Ok(reply)) => Some((Ok(reply), Some((responses, handle, failure)))),
             Some(Err(status)) => {
-                let _ended = handle.await;
+                // A task that fails after its answer is still counted and
+                // logged; the client keeps the answer it was sent.
+                let _logged = failure(handle.await);
                 Some((Err(status), None))
             }
             None => failure(handle.await).map(|status| (Err(status), None)),
