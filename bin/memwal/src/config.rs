@@ -30,6 +30,8 @@
 //! query_max_sql_bytes = 1048576  # longest SQL statement (INVALID_ARGUMENT past it)
 //! query_max_expr_depth = 1000    # deepest operator nesting of a statement (INVALID_ARGUMENT past it)
 //! query_max_k = 10000            # largest k of vector_search (INVALID_ARGUMENT past it)
+//! lance_io_buffer_mib = 64       # I/O one Lance scan may read ahead of its reader (read_ahead.rs)
+//! lance_fragment_readahead = 4   # fragments one Lance scan reads at once
 //! token = "…"                    # require `authorization: Bearer …`
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
@@ -48,7 +50,9 @@
 //! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_CONNECTIONS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
 //! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, `MEMWAL_MAX_OPEN_SHARDS`, `MEMWAL_SHARD_IDLE_SECS`, `MEMWAL_SCHEMA_POLL_MS`,
-//! `MEMWAL_QUERY_MEMORY_MIB`, `MEMWAL_QUERY_TIMEOUT_MS`,
+//! `MEMWAL_QUERY_MEMORY_MIB`, `MEMWAL_QUERY_TIMEOUT_MS`, `MEMWAL_QUERY_TOTAL_MEMORY_MIB`,
+//! `MEMWAL_QUERY_MAX_CONCURRENT`, `MEMWAL_QUERY_MAX_SQL_BYTES`, `MEMWAL_QUERY_MAX_EXPR_DEPTH`,
+//! `MEMWAL_QUERY_MAX_K`, `MEMWAL_LANCE_IO_BUFFER_MIB`, `MEMWAL_LANCE_FRAGMENT_READAHEAD`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
 //! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
@@ -138,6 +142,12 @@ pub struct ServeConfig {
     /// Largest `k` of `vector_search`; a larger one is refused with
     /// INVALID_ARGUMENT.
     pub query_max_k: usize,
+    /// Bytes of I/O one Lance scan (each level of a query, a search, a
+    /// compaction read) may have issued ahead of its reader, in MiB: what
+    /// a reader that stops pulling leaves in memory (`read_ahead.rs`).
+    pub lance_io_buffer_mib: u64,
+    /// Fragments one Lance scan reads at once.
+    pub lance_fragment_readahead: usize,
     /// Bearer token required on Flight and HTTP.
     pub token: Option<String>,
     /// A file holding the bearer token (its first line): keeps it out of
@@ -181,6 +191,8 @@ impl Default for ServeConfig {
             query_max_sql_bytes: 1 << 20,
             query_max_expr_depth: 1000,
             query_max_k: 10_000,
+            lance_io_buffer_mib: 64,
+            lance_fragment_readahead: 4,
             token: None,
             token_file: None,
             tls_cert: None,
@@ -298,6 +310,13 @@ pub struct ServeArgs {
     /// [default: 10000].
     #[arg(long)]
     pub query_max_k: Option<usize>,
+    /// I/O one Lance scan may read ahead of its reader, in MiB (a stalled
+    /// query holds about this much per level it scans) [default: 64].
+    #[arg(long)]
+    pub lance_io_buffer_mib: Option<u64>,
+    /// Fragments one Lance scan reads at once [default: 4].
+    #[arg(long)]
+    pub lance_fragment_readahead: Option<usize>,
     /// Require `authorization: Bearer TOKEN` on Flight and HTTP (visible in
     /// the process list: prefer --token-file or MEMWAL_TOKEN).
     #[arg(long)]
@@ -418,10 +437,14 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
         ("query_max_sql_bytes", args.query_max_sql_bytes),
         ("query_max_expr_depth", args.query_max_expr_depth),
         ("query_max_k", args.query_max_k),
+        ("lance_fragment_readahead", args.lance_fragment_readahead),
     ] {
         if let Some(n) = value {
             put(key, n.into());
         }
+    }
+    if let Some(n) = args.lance_io_buffer_mib {
+        put("lance_io_buffer_mib", n.into());
     }
     if let Some(t) = &args.token {
         put("token", t.clone().into());
@@ -485,6 +508,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "query_max_sql_bytes",
             "query_max_expr_depth",
             "query_max_k",
+            "lance_io_buffer_mib",
+            "lance_fragment_readahead",
             "token",
             "token_file",
             "tls_cert",
@@ -530,6 +555,11 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
         ("query_max_sql_bytes", config.query_max_sql_bytes == 0),
         ("query_max_expr_depth", config.query_max_expr_depth == 0),
         ("query_max_k", config.query_max_k == 0),
+        ("lance_io_buffer_mib", config.lance_io_buffer_mib == 0),
+        (
+            "lance_fragment_readahead",
+            config.lance_fragment_readahead == 0,
+        ),
     ] {
         if zero {
             return Err(format!("{key} must be at least 1"));
@@ -583,211 +613,5 @@ pub fn parse_buckets(list: &str) -> Result<Vec<u32>, String> {
 }
 
 #[cfg(test)]
-#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
-mod tests {
-    use super::*;
-
-    // Breaks if a layer is skipped or the precedence is not defaults < file
-    // < flags < environment, or if a bad value is accepted.
-    #[test]
-    fn layers_override_in_order() {
-        figment::Jail::expect_with(|jail| {
-            jail.create_file(
-                "memwal.toml",
-                "listen = \"127.0.0.1:1\"\nhttp = \"127.0.0.1:2\"\ncompact_every_secs = 5\n[tables]\na = \"/x\"\n",
-            )?;
-            let args = ServeArgs {
-                config: Some("memwal.toml".into()),
-                http: Some("127.0.0.1:3".parse().unwrap()),
-                compact_every_secs: Some(7),
-                ..Default::default()
-            };
-            jail.set_env("MEMWAL_COMPACT_EVERY_SECS", "9");
-            let c = resolve(&args).map_err(|e| e.to_string())?;
-            assert_eq!(c.listen.port(), 1, "file over default");
-            assert_eq!(c.http.port(), 3, "flag over file");
-            assert_eq!(c.compact_every_secs, 9, "environment over flag");
-            assert_eq!(c.tables.get("a").map(String::as_str), Some("/x"));
-            assert!(c.compactor, "default kept");
-            jail.set_env("MEMWAL_LISTEN", "not an address");
-            let e = resolve(&args).unwrap_err();
-            assert!(e.to_lowercase().contains("listen"), "{e}");
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn bucket_lists_parse_and_bad_ones_are_refused() {
-        assert_eq!(parse_buckets("0-1,3").unwrap(), vec![0, 1, 3]);
-        assert_eq!(parse_buckets("2, 2,1").unwrap(), vec![1, 2]);
-        for bad in ["", "a", "3-1", "1-", "-1"] {
-            assert!(parse_buckets(bad).is_err(), "{bad}");
-        }
-        figment::Jail::expect_with(|jail| {
-            jail.set_env("MEMWAL_SHARDS", "{t=\"0-1\"}");
-            let args = ServeArgs {
-                tables: vec!["t=/x".into()],
-                ..Default::default()
-            };
-            let c = resolve(&args).map_err(|e| e.to_string())?;
-            assert_eq!(c.shards.get("t").map(String::as_str), Some("0-1"));
-            let bad = ServeArgs {
-                shards: vec!["t=x".into()],
-                ..args
-            };
-            jail.set_env("MEMWAL_SHARDS", "{}");
-            assert!(resolve(&bad).unwrap_err().contains("shards of `t`"));
-            Ok(())
-        });
-    }
-
-    // Breaks if a token file is not read (first line, trimmed), if it can
-    // be combined with a token, or if an empty token is accepted (a daemon
-    // that looks protected and is not).
-    #[test]
-    fn the_token_comes_from_a_file_and_an_empty_one_is_refused() {
-        figment::Jail::expect_with(|jail| {
-            jail.create_file("tok", "s3cret\nignored\n")?;
-            jail.create_file("empty", "\n")?;
-            let args = ServeArgs {
-                tables: vec!["t=/x".into()],
-                token_file: Some("tok".into()),
-                ..Default::default()
-            };
-            let c = resolve(&args).map_err(|e| e.to_string())?;
-            assert_eq!(c.token.as_deref(), Some("s3cret"));
-            let both = ServeArgs {
-                token: Some("x".into()),
-                ..args.clone()
-            };
-            assert!(resolve(&both).unwrap_err().contains("not both"));
-            let empty = ServeArgs {
-                token_file: Some("empty".into()),
-                ..args.clone()
-            };
-            assert!(resolve(&empty).unwrap_err().contains("empty"));
-            jail.set_env("MEMWAL_TOKEN", "");
-            let env_empty = ServeArgs {
-                token_file: None,
-                ..args
-            };
-            assert!(resolve(&env_empty).unwrap_err().contains("empty"));
-            Ok(())
-        });
-    }
-
-    #[test]
-    fn nothing_to_serve_and_bad_tables_are_refused() {
-        figment::Jail::expect_with(|_| {
-            assert!(resolve(&ServeArgs::default())
-                .unwrap_err()
-                .contains("data directory"));
-            let bad = ServeArgs {
-                tables: vec!["noequals".into()],
-                ..Default::default()
-            };
-            assert!(resolve(&bad).unwrap_err().contains("NAME=URI"));
-            Ok(())
-        });
-    }
-
-    // Breaks if the example file stops loading, or a settings key is added
-    // without documenting it there.
-    #[test]
-    fn the_example_config_loads_and_lists_every_key() {
-        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/memwal.toml");
-        let text = std::fs::read_to_string(example).unwrap();
-        figment::Jail::expect_with(|_| {
-            let args = ServeArgs {
-                config: Some(example.into()),
-                ..Default::default()
-            };
-            let c = resolve(&args).map_err(|e| e.to_string())?;
-            assert_eq!(c.writer.to_config().map(|_| ()), Ok(()));
-            assert_eq!(
-                c.writer.filled(),
-                c.writer,
-                "the example sets every writer key"
-            );
-            let mut full = c.clone();
-            full.token = Some("t".into());
-            full.token_file = Some("f".into());
-            full.tls_cert = Some("c".into());
-            full.tls_key = Some("k".into());
-            full.tables.insert("t".into(), "/t".into());
-            full.shards.insert("t".into(), "0".into());
-            let printed: toml::Table = toml::from_str(&print(&full)?).unwrap();
-            let keys = printed.iter().flat_map(|(k, v)| match v {
-                toml::Value::Table(t) if k == "writer" => t.keys().cloned().collect(),
-                _ => vec![k.clone()],
-            });
-            for key in keys {
-                let documented = text.lines().any(|l| {
-                    let l = l.trim_start_matches(['#', ' ']);
-                    l.starts_with(&format!("{key} =")) || l.starts_with(&format!("[{key}]"))
-                });
-                assert!(documented, "docs/memwal.toml does not document `{key}`");
-            }
-            Ok(())
-        });
-    }
-
-    // Breaks if [writer] keys do not layer (file < flag < environment),
-    // an unknown or invalid key is accepted, or a token is printed.
-    #[test]
-    fn writer_settings_layer_and_bad_ones_are_named() {
-        figment::Jail::expect_with(|jail| {
-            jail.create_file(
-                "memwal.toml",
-                "data_dir = \"d\"\ntoken = \"s3cret\"\n[writer]\nflush_concurrency = 3\nmemtable_max_mib = 8\nclose_timeout_secs = 5\n",
-            )?;
-            let args = ServeArgs {
-                config: Some("memwal.toml".into()),
-                writer: vec![
-                    "memtable_max_mib=16".into(),
-                    "sstable_compression=lance".into(),
-                ],
-                ..Default::default()
-            };
-            jail.set_env("MEMWAL_WRITER_CLOSE_TIMEOUT_SECS", "9");
-            let c = resolve(&args).map_err(|e| e.to_string())?;
-            assert_eq!(c.writer.flush_concurrency, Some(3), "file");
-            assert_eq!(c.writer.memtable_max_mib, Some(16), "flag over file");
-            assert_eq!(
-                c.writer.close_timeout_secs,
-                Some(9),
-                "environment over file"
-            );
-            let w = c.writer.to_config().map_err(|e| e.to_string())?;
-            assert_eq!(w.memtable_max_bytes, 16 << 20);
-            assert_eq!(w.sstable_compression, memwal::SsTableCompression::Lance);
-            let printed = print(&c)?;
-            assert!(!printed.contains("s3cret"), "{printed}");
-            assert!(printed.contains("flush_retry_attempts = 8"), "{printed}");
-            jail.set_env("MEMWAL_WRITER_FLUSH_CONCURRENCY", "0");
-            let e = resolve(&args).unwrap_err();
-            assert!(e.contains("writer.flush_concurrency"), "{e}");
-            jail.set_env("MEMWAL_WRITER_FLUSH_CONCURRENCY", "2");
-            let args = ServeArgs {
-                config: Some("memwal.toml".into()),
-                ..Default::default()
-            };
-            jail.create_file(
-                "memwal.toml",
-                "data_dir = \"d\"\n[writer]\nflush_concurency = 3\n",
-            )?;
-            let e = resolve(&args).unwrap_err();
-            assert!(e.contains("flush_concurency"), "{e}");
-            jail.create_file(
-                "memwal.toml",
-                "data_dir = \"d\"\n[writer]\nsstable_compression = \"zip\"\n",
-            )?;
-            let e = resolve(&args).unwrap_err();
-            assert!(
-                e.contains("sstable_compression") || e.contains("zip"),
-                "{e}"
-            );
-            Ok(())
-        });
-    }
-}
+#[path = "config_tests.rs"]
+mod tests;

@@ -8,6 +8,7 @@ mod config;
 mod inspect;
 mod load;
 mod query;
+mod read_ahead;
 mod serve;
 mod table;
 mod writer_config;
@@ -321,8 +322,29 @@ async fn run(cli: Cli) -> Result<String, String> {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Process-wide settings that change the environment, before any
+    // thread exists (a bad setting is reported by `serve` itself).
+    if let Command::Serve(args) = &cli.command {
+        if let Ok(config) = config::resolve(args) {
+            read_ahead::apply(&config);
+        }
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("memwal: starting the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run_main(cli))
+}
+
+async fn run_main(cli: Cli) -> ExitCode {
     // Crash points named in FAILPOINTS (test builds only; see memwal_store).
     memwal_store::failpoints_from_env();
     tracing_subscriber::fmt()
@@ -332,7 +354,7 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()).await {
+    match run(cli).await {
         Ok(out) => {
             print!("{out}");
             ExitCode::SUCCESS

@@ -273,6 +273,47 @@ async fn a_table_larger_than_the_query_budget_answers_every_query() {
     d.stop_ok();
 }
 
+// Breaks if a reader that stops pulling lets the daemon read the table
+// ahead of it without bound (Lance's own read-ahead: up to 256 MiB of I/O
+// per scan on a local disk, 2 GiB on an object store, 16 or 128 fragments
+// at once), held in memory outside every query budget. The table is 32
+// fragments, ~155 MB on disk, the read-ahead set to 4 MiB of I/O and one
+// fragment. With Lance's defaults the daemon read 93 MB of it before the
+// stalled client took its second batch; bounded, ~20 MB (a few fragments,
+// what the client's own buffers hold included). Every row still arrives
+// once the client reads on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_reader_holds_only_the_scan_read_ahead() {
+    let Some(python) = test_python("stalled reader") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let written = run_python(&python, "stalled_scan.py", &["write", &table, "32", "5000"]);
+    let table_bytes: u64 = written.trim().parse().unwrap();
+    let d = Daemon::start(
+        &table,
+        &[
+            "--lance-io-buffer-mib",
+            "4",
+            "--lance-fragment-readahead",
+            "1",
+        ],
+    );
+    let pid = d.child.id().to_string();
+    let out = run_python(&python, "stalled_scan.py", &["stall", &d.flight, "t", &pid]);
+    let got: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(got["rows"], 160_000, "{got}");
+    let read_ahead = got["read_ahead"].as_u64().unwrap();
+    assert!(
+        read_ahead < table_bytes / 4,
+        "the daemon read {read_ahead} bytes of a {table_bytes}-byte table ahead of a \
+         reader that stopped after one batch"
+    );
+    d.stop_ok();
+}
+
 // Breaks if a query through a daemon one of whose shards is down (its
 // writer stopped on a storage failure: whatever it acknowledged would
 // only be in its WAL) is answered from the published state instead of
