@@ -17,6 +17,7 @@ mod flight;
 pub mod http;
 mod ingest;
 mod limits;
+mod long_arithmetic;
 mod periodic;
 mod provider;
 mod query;

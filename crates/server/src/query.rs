@@ -319,6 +319,7 @@ impl Queries {
             .with_config(config)
             .with_runtime_env(runtime)
             .with_default_features()
+            .with_optimizer_rule(Arc::new(crate::long_arithmetic::WithoutIntervalAnalysis))
             .with_physical_optimizer_rule(Arc::new(crate::cooperative::YieldEverywhere))
             .build();
         let ctx = SessionContext::new_with_state(state);

@@ -501,39 +501,41 @@ fn applies_to(filter: &Expr, schema: &arrow_schema::Schema) -> bool {
 /// Whether `filter` is of a form Lance's scans evaluate as DataFusion
 /// does: columns, literals, comparisons, boolean logic, arithmetic,
 /// `IS [NOT] NULL`, `BETWEEN`, `IN` lists, `LIKE` and casts. Anything
-/// else (functions, subqueries) is left to the query.
+/// else (functions, subqueries), and a filter holding a long arithmetic
+/// chain (`crate::long_arithmetic`), is left to the query.
 pub(crate) fn pushable(filter: &Expr) -> bool {
-    !filter
-        .exists(|e| {
-            Ok(!match e {
-                Expr::Column(_) | Expr::Literal(..) => true,
-                Expr::BinaryExpr(b) => matches!(
-                    b.op,
-                    Operator::Eq
-                        | Operator::NotEq
-                        | Operator::Lt
-                        | Operator::LtEq
-                        | Operator::Gt
-                        | Operator::GtEq
-                        | Operator::And
-                        | Operator::Or
-                        | Operator::Plus
-                        | Operator::Minus
-                        | Operator::Multiply
-                        | Operator::Divide
-                ),
-                Expr::Not(_)
-                | Expr::IsNull(_)
-                | Expr::IsNotNull(_)
-                | Expr::Between(_)
-                | Expr::InList(_)
-                | Expr::Cast(_)
-                | Expr::Negative(_) => true,
-                Expr::Like(l) => !l.case_insensitive,
-                _ => false,
+    !crate::long_arithmetic::too_long(filter)
+        && !filter
+            .exists(|e| {
+                Ok(!match e {
+                    Expr::Column(_) | Expr::Literal(..) => true,
+                    Expr::BinaryExpr(b) => matches!(
+                        b.op,
+                        Operator::Eq
+                            | Operator::NotEq
+                            | Operator::Lt
+                            | Operator::LtEq
+                            | Operator::Gt
+                            | Operator::GtEq
+                            | Operator::And
+                            | Operator::Or
+                            | Operator::Plus
+                            | Operator::Minus
+                            | Operator::Multiply
+                            | Operator::Divide
+                    ),
+                    Expr::Not(_)
+                    | Expr::IsNull(_)
+                    | Expr::IsNotNull(_)
+                    | Expr::Between(_)
+                    | Expr::InList(_)
+                    | Expr::Cast(_)
+                    | Expr::Negative(_) => true,
+                    Expr::Like(l) => !l.case_insensitive,
+                    _ => false,
+                })
             })
-        })
-        .unwrap_or(true)
+            .unwrap_or(true)
 }
 
 /// `filters` (each [`pushable`]) as one conjunction over unqualified
