@@ -1,9 +1,11 @@
 //! Primary-key lookups: the rows of given keys as of now, without reading
 //! the whole table, newest level first. Unflushed rows come from the
-//! writers' snapshots (only the requested keys kept; a fenced writer's
-//! dropped by the view, read after them); a key they hold (a row or a
-//! delete) is answered there and the published levels are not read for
-//! it. The others: the view's SSTables newest generation first,
+//! writers' snapshots (only the requested keys kept); a key they hold (a
+//! row or a delete) is answered there and the published levels are not
+//! read for it. When they answer every key, only the answering shards'
+//! latest manifests are read (is each writer still the owner?), not the
+//! view; otherwise the view, read after the snapshots, drops a fenced
+//! writer's rows, and the other keys are read from the view's SSTables newest generation first,
 //! each through its bloom filter and `_pk_index` (opened once, kept while
 //! listed), then the base (a filtered scan on the key columns). The
 //! snapshot rules are those of [`TableHost::read_rows`]
@@ -78,34 +80,27 @@ impl TableHost {
         };
         let wanted = key_columns(&keys, key_names.len()).map_err(|e| failed("lookup keys", e))?;
         let wanted = WantedKeys::new(&wanted).map_err(|e| failed("lookup keys", e))?;
-        // The view is read (after the snapshots) even when the snapshots
-        // answer every key: it tells which snapshots are of fenced writers
-        // (dropped: their rows may be stale).
-        let (snapshots, view) = self.snapshot_and_view(None).await?;
-        let mut unflushed = Vec::new();
-        for s in snapshots.values() {
-            for b in &s.batches {
-                if let Some(kept) = wanted
-                    .rows_of(b, &key_names)
-                    .map_err(|e| failed("filtering unflushed rows", e))?
-                {
-                    unflushed.push(kept);
-                }
-                // One batch at a time: a lookup over many unflushed
-                // batches lets other queries run, and its deadline cut it.
-                tokio::task::yield_now().await;
-            }
+        // When the writers' unflushed rows answer every key, only those
+        // writers' epochs need checking (their shards' latest manifests):
+        // the published levels hold older versions of those keys at most.
+        let snapshots = self.snapshots()?;
+        let (unflushed, answering) = self.unflushed_of(&snapshots, &wanted, &key_names).await?;
+        let remaining = unanswered(&keys, &unflushed, &key_names)
+            .map_err(|e| failed("filtering unflushed rows", e))?;
+        if remaining.is_empty() && self.still_own(&snapshots, &answering).await? {
+            let none = RecordBatch::new_empty(schema.clone());
+            return crate::reader::snapshot::merge(&schema, &key_names, &none, &unflushed)
+                .map_err(|e| failed("merging the levels", e));
         }
+        // Otherwise the view too, read after the snapshots: it tells which
+        // snapshots are of fenced writers (dropped: their rows may be
+        // stale) and holds the published levels.
+        let (snapshots, view) = self.snapshot_and_view(None).await?;
+        let (unflushed, _) = self.unflushed_of(&snapshots, &wanted, &key_names).await?;
         // A key with an unflushed row (or delete) is answered by it: the
         // published levels hold only older versions of it.
-        let mut answered: HashSet<Vec<ScalarValue>> = HashSet::new();
-        for b in &unflushed {
-            answered.extend(
-                tuples_of(b, &key_names).map_err(|e| failed("filtering unflushed rows", e))?,
-            );
-        }
-        let remaining: KeyTuples = keys.into_iter().filter(|k| !answered.contains(k)).collect();
-        // Only keys no memtable answers need the published levels.
+        let remaining = unanswered(&keys, &unflushed, &key_names)
+            .map_err(|e| failed("filtering unflushed rows", e))?;
         let published = if remaining.is_empty() {
             RecordBatch::new_empty(schema.clone())
         } else {
@@ -113,6 +108,67 @@ impl TableHost {
         };
         crate::reader::snapshot::merge(&schema, &key_names, &published, &unflushed)
             .map_err(|e| failed("merging the levels", e))
+    }
+
+    /// The rows of `wanted` keys in `snapshots`' unflushed batches (in
+    /// WAL order per shard), and the shards they came from.
+    async fn unflushed_of(
+        &self,
+        snapshots: &crate::reader::snapshot::Snapshots,
+        wanted: &WantedKeys,
+        key_names: &[String],
+    ) -> Result<(Vec<RecordBatch>, Vec<memwal::ShardId>), ServerError> {
+        let mut unflushed = Vec::new();
+        let mut answering = Vec::new();
+        for s in snapshots.values() {
+            for b in &s.batches {
+                let kept = wanted
+                    .rows_of(b, key_names)
+                    .map_err(|e| ServerError::Setup {
+                        table: self.name().to_string(),
+                        reason: format!("filtering unflushed rows: {e}"),
+                    })?;
+                if let Some(kept) = kept {
+                    unflushed.push(kept);
+                    if answering.last() != Some(&s.shard) {
+                        answering.push(s.shard);
+                    }
+                }
+                // One batch at a time: a lookup over many unflushed
+                // batches lets other queries run, and its deadline cut it.
+                tokio::task::yield_now().await;
+            }
+        }
+        Ok((unflushed, answering))
+    }
+
+    /// Whether each of `shards` is still owned by the writer its snapshot
+    /// in `snapshots` was taken from: its latest manifest, read now, names
+    /// that writer's epoch. `false` sends the lookup to the full view,
+    /// which drops a fenced writer's rows and reads its shard as
+    /// published.
+    async fn still_own(
+        &self,
+        snapshots: &crate::reader::snapshot::Snapshots,
+        shards: &[memwal::ShardId],
+    ) -> Result<bool, ServerError> {
+        let retry = memwal_store::RetryPolicy::default();
+        for shard in shards {
+            let Some(s) = snapshots.get(shard) else {
+                return Ok(false);
+            };
+            let manifest = memwal_table::latest_manifest(self.loc(), *shard, &retry)
+                .await
+                .map_err(|source| ServerError::Read {
+                    table: self.name().to_string(),
+                    what: "reading a shard's manifest",
+                    source,
+                })?;
+            if manifest.map(|m| m.writer_epoch) != Some(s.epoch) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The published rows of `keys` (in the table's schema, one per key
@@ -326,6 +382,23 @@ fn key_columns(keys: &[Vec<ScalarValue>], width: usize) -> Result<Vec<ArrayRef>,
             ScalarValue::iter_to_array(keys.iter().map(|k| k[j].clone())).map_err(|e| e.to_string())
         })
         .collect()
+}
+
+/// The keys of `keys` that no row (or delete) of `unflushed` answers.
+fn unanswered(
+    keys: &[Vec<ScalarValue>],
+    unflushed: &[RecordBatch],
+    key_names: &[String],
+) -> Result<KeyTuples, String> {
+    let mut answered: HashSet<Vec<ScalarValue>> = HashSet::new();
+    for b in unflushed {
+        answered.extend(tuples_of(b, key_names)?);
+    }
+    Ok(keys
+        .iter()
+        .filter(|k| !answered.contains(*k))
+        .cloned()
+        .collect())
 }
 
 /// The key tuples of `batch`'s rows.

@@ -231,3 +231,47 @@ async fn a_lookup_of_many_composite_keys_reads_the_base_without_a_deep_filter() 
     assert_eq!(got.len(), 100);
     host.close().await.unwrap();
 }
+
+// Breaks if a lookup the writers' unflushed rows answer in full reads the
+// published levels (every shard's manifest and the base: 1.13 ms p50
+// against 0.12 ms for the unflushed rows alone): with the base table
+// unreadable, a lookup of unflushed keys must still answer, newest value
+// first, while one that needs the base fails on the read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_the_unflushed_rows_answer_reads_no_published_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let ids: Vec<i64> = (0..10).collect();
+    host.write(&tagged(&ids, "a"), false).await.unwrap();
+    host.flush().await.unwrap();
+    compact(&loc).await;
+    host.write(&tagged(&[1, 2], "b"), false).await.unwrap();
+    let keys = |ks: &[i64]| -> Vec<ScalarValue> {
+        ks.iter().map(|k| ScalarValue::Int64(Some(*k))).collect()
+    };
+    let want = |pairs: &[(i64, &str)]| -> BTreeMap<i64, String> {
+        pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+    };
+    // The base's versions out of reach: the base cannot be opened.
+    let versions = dir.path().join("t").join("_versions");
+    let away = dir.path().join("t").join("_versions.away");
+    std::fs::rename(&versions, &away).unwrap();
+    let got = host.lookup_rows(&keys(&[1, 2])).await;
+    assert_eq!(
+        as_map(&got.unwrap()),
+        want(&[(1, "b1"), (2, "b2")]),
+        "answered by the unflushed rows alone"
+    );
+    let e = host.lookup_rows(&keys(&[1, 5])).await.unwrap_err();
+    assert!(
+        matches!(e, memwal_server::ServerError::Read { .. }),
+        "a key only the base holds needs the base: {e}"
+    );
+    std::fs::rename(&away, &versions).unwrap();
+    let got = host.lookup_rows(&keys(&[1, 5])).await.unwrap();
+    assert_eq!(as_map(&got), want(&[(1, "b1"), (5, "a5")]));
+    host.close().await.unwrap();
+}
