@@ -115,6 +115,18 @@ pub enum ServerError {
         #[source]
         source: memwal_table::TableError,
     },
+    /// A read for a query needed more memory than the query's budget
+    /// left (`RESOURCE_EXHAUSTED`): charged before it was taken.
+    #[error("table `{table}`: {what}: {source}")]
+    OverBudget {
+        /// The table.
+        table: String,
+        /// What the read was doing.
+        what: &'static str,
+        /// The memory pool's refusal.
+        #[source]
+        source: datafusion::error::DataFusionError,
+    },
     /// Setting up a table failed.
     #[error("table `{table}`: {reason}")]
     Setup {
@@ -226,7 +238,9 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
     match e {
         ServerError::Partial { .. } => Code::Aborted,
         ServerError::Down { .. } | ServerError::Stopping { .. } => Code::Unavailable,
-        ServerError::TooFrequent { .. } | ServerError::ShardLimit { .. } => Code::ResourceExhausted,
+        ServerError::TooFrequent { .. }
+        | ServerError::ShardLimit { .. }
+        | ServerError::OverBudget { .. } => Code::ResourceExhausted,
         ServerError::UnknownTable(_) => Code::NotFound,
         ServerError::InvalidInput { .. } => Code::InvalidArgument,
         ServerError::ServedElsewhere { .. } => Code::FailedPrecondition,

@@ -372,3 +372,94 @@ async fn a_long_arithmetic_filter_plans_without_interval_analysis() {
         assert_eq!(rows, 1000 - (998 - terms as i64), "{terms} terms");
     }
 }
+
+/// A `bucket(id, 4)` table `t` (`id` key, `v` text of `width` characters,
+/// `vec` four float32s, all `id`; no index: searched exactly) holding
+/// `rows` unflushed rows, written as one batch.
+async fn vector_table(dir: &tempfile::TempDir, rows: i64, width: usize) -> Arc<Hosts> {
+    use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, StringArray};
+    use arrow_schema::{DataType, Field, Schema};
+    let path = dir.path().join("t").to_str().unwrap().to_string();
+    let loc = memwal_store::open_store(&path).unwrap();
+    let key = Field::new("id", DataType::Int64, false).with_metadata(
+        [(
+            memwal_memtable::PRIMARY_KEY_KEY.to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    let item = Arc::new(Field::new("item", DataType::Float32, true));
+    let schema = Arc::new(Schema::new(vec![
+        key,
+        Field::new("v", DataType::Utf8, true),
+        Field::new("vec", DataType::FixedSizeList(item.clone(), 4), true),
+    ]));
+    let sharding = memwal_table::TableSharding::Bucket {
+        column: "id".into(),
+        buckets: 4,
+    };
+    memwal_table::create_table(&loc, schema.clone(), &sharding)
+        .await
+        .unwrap();
+    let host = Arc::new(
+        TableHost::open("t", loc, memwal::ShardWriterConfig::default())
+            .await
+            .unwrap(),
+    );
+    let ids: Vec<i64> = (0..rows).collect();
+    let values = Float32Array::from_iter_values(ids.iter().flat_map(|&i| [i as f32; 4]));
+    let vectors = FixedSizeListArray::try_new(item, 4, Arc::new(values), None).unwrap();
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(ids.clone())) as ArrayRef,
+            Arc::new(StringArray::from_iter_values(
+                ids.iter().map(|i| format!("{i:0>width$}")),
+            )),
+            Arc::new(vectors),
+        ],
+    )
+    .unwrap();
+    host.write(&batch, false).await.unwrap();
+    Arc::new(HashMap::from([("t".to_string(), host)]))
+}
+
+// Breaks if an exact vector search holds what it reads without charging
+// the query's budget first (it charged only the k rows it returned, once
+// the search was over): over a 1 MiB budget, a search whose batches are
+// ~4 MB must end RESOURCE_EXHAUSTED naming the budget, and give it back;
+// within the default budget it finds the nearest rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exact_vector_search_charges_what_it_holds_before_it_holds_it() {
+    use arrow_array::cast::AsArray;
+    let dir = tempfile::tempdir().unwrap();
+    let hosts = vector_table(&dir, 2000, 2000).await;
+    let sql = "SELECT id FROM vector_search('t', 'vec', '0,0,0,0', 3)";
+    let small = Queries::new(
+        hosts.clone(),
+        QueryLimits {
+            memory_bytes: 1 << 20,
+            ..Default::default()
+        },
+    );
+    refused(
+        all(&small, sql).await,
+        Code::ResourceExhausted,
+        "query_memory_mib",
+    );
+    assert_eq!(small.reserved(), 0, "the search's memory is given back");
+    let queries = Queries::new(hosts, QueryLimits::default());
+    let ids: Vec<i64> = all(&queries, sql)
+        .await
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            b.column(0)
+                .as_primitive::<arrow_array::types::Int64Type>()
+                .values()
+                .to_vec()
+        })
+        .collect();
+    assert_eq!(ids, [0, 1, 2]);
+    assert_eq!(queries.reserved(), 0);
+}

@@ -170,7 +170,12 @@ impl TableProvider for Search {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let found = match &self.request {
             Request::Nearest { column, vector, k } => {
-                self.host.nearest(column, vector, *k, None).await
+                use datafusion::execution::memory_pool::MemoryConsumer;
+                let budget = MemoryConsumer::new("memwal exact vector search")
+                    .register(&state.runtime_env().memory_pool);
+                self.host
+                    .nearest_within(column, vector, *k, None, Some(&budget))
+                    .await
             }
             Request::FullText {
                 column,

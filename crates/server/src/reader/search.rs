@@ -21,6 +21,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Float32Type;
 use arrow_array::{Array, ArrayRef, Float32Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use datafusion::execution::memory_pool::MemoryReservation;
 use datafusion::logical_expr::{Expr, ExprSchemable};
 use lance::dataset::mem_wal::LsmScanner;
 use lance_index::scalar::FullTextSearchQuery;
@@ -59,6 +60,22 @@ impl TableHost {
         k: usize,
         filter: Option<Expr>,
     ) -> Result<RecordBatch, ServerError> {
+        self.nearest_within(column, vector, k, filter, None).await
+    }
+
+    /// [`Self::nearest`] for a query: an exact search charges what it
+    /// holds at each step (the `k` rows kept, the batch read, their
+    /// concatenation) to `budget` before it takes it, and fails with
+    /// [`ServerError::OverBudget`] past it. `budget` is empty again when
+    /// the search returns (the caller charges the result it keeps).
+    pub(crate) async fn nearest_within(
+        &self,
+        column: &str,
+        vector: &[f32],
+        k: usize,
+        filter: Option<Expr>,
+        budget: Option<&MemoryReservation>,
+    ) -> Result<RecordBatch, ServerError> {
         let invalid = |reason: String| ServerError::InvalidInput {
             table: self.name().to_string(),
             reason,
@@ -92,7 +109,13 @@ impl TableHost {
         self.count_read("vector");
         let out = result_schema(&schema, DISTANCE_COLUMN);
         let Some(spec) = self.maintained_index(column, "vector").await? else {
-            return self.exact_nearest(column, vector, k, filter, &out).await;
+            let found = self
+                .exact_nearest(column, vector, k, filter, &out, budget)
+                .await;
+            if let Some(b) = budget {
+                b.free();
+            }
+            return found;
         };
         let IndexKind::Vector(v) = &spec.kind else {
             return Err(invalid(format!("`{}` is not a vector index", spec.name)));
@@ -177,7 +200,8 @@ impl TableHost {
     /// The `k` live rows matching `filter` nearest to `vector` in
     /// `column` by squared L2, nearest first, in `out`: every live row's
     /// distance, computed as the table streams by, keeping only the `k`
-    /// best so far (memory: `k` rows and one batch).
+    /// best so far (memory: `k` rows and one batch, charged to `budget`
+    /// step by step when given).
     async fn exact_nearest(
         &self,
         column: &str,
@@ -185,11 +209,23 @@ impl TableHost {
         k: usize,
         filter: Option<Expr>,
         out: &SchemaRef,
+        budget: Option<&MemoryReservation>,
     ) -> Result<RecordBatch, ServerError> {
         let mut rows = self.scan_stream(filter, None, None).await?;
         let mut best = RecordBatch::new_empty(out.clone());
         while let Some(batch) = futures::StreamExt::next(&mut rows).await {
             let batch = batch.map_err(|e| self.query_failed(e))?;
+            if let Some(b) = budget {
+                // The kept rows, the batch and its scored copy, and their
+                // concatenation: what this step holds at once.
+                let step = best.get_array_memory_size() + batch.get_array_memory_size();
+                b.try_resize(step.saturating_mul(3))
+                    .map_err(|source| ServerError::OverBudget {
+                        table: self.name().to_string(),
+                        what: "an exact vector search",
+                        source,
+                    })?;
+            }
             let more = scored(&batch, column, vector, out)
                 .and_then(|more| {
                     arrow_select::concat::concat_batches(out, [&best, &more])
