@@ -34,7 +34,8 @@ use datafusion::logical_expr::{Expr, Filter, LogicalPlan, Operator};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 /// The longest chain of arithmetic operators a filter is analysed and
-/// pushed into Lance with (planning costs ~1 ms there, debug build).
+/// pushed into Lance with: about 0.5 ms per FilterExec there (debug
+/// build; 13.7 ms measured at 100 operators, cubic).
 pub(crate) const MAX_ANALYZED_ARITHMETIC: usize = 32;
 
 /// Whether `predicate` holds a chain of more than

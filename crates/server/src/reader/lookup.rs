@@ -4,10 +4,11 @@
 //! row or a delete) is answered there and the published levels are not
 //! read for it. When they answer every key, only the answering shards'
 //! latest manifests are read (is each writer still the owner?), not the
-//! view; otherwise the view, read after the snapshots, drops a fenced
-//! writer's rows, and the other keys are read from the view's SSTables newest generation first,
-//! each through its bloom filter and `_pk_index` (opened once, kept while
-//! listed), then the base (a filtered scan on the key columns). The
+//! view. Otherwise the view, read after the snapshots, drops a fenced
+//! writer's rows, and the other keys are read from its SSTables, newest
+//! generation first, each through its bloom filter and `_pk_index`
+//! (opened once, kept while listed), then from the base (a filtered scan
+//! on the key columns). The
 //! snapshot rules are those of [`TableHost::read_rows`]
 //! (docs/design/fresh-reads.md). Composite keys are looked up as tuples.
 
