@@ -153,19 +153,25 @@ impl TableHost {
         snapshots: &crate::reader::snapshot::Snapshots,
         shards: &[memwal::ShardId],
     ) -> Result<bool, ServerError> {
-        let retry = memwal_store::RetryPolicy::default();
         for shard in shards {
             let Some(s) = snapshots.get(shard) else {
                 return Ok(false);
             };
-            let manifest = memwal_table::latest_manifest(self.loc(), *shard, &retry)
+            let epoch = self
+                .reader()
+                .owners
+                .epoch(self.loc(), *shard)
                 .await
-                .map_err(|source| ServerError::Read {
+                .map_err(|e| ServerError::Read {
                     table: self.name().to_string(),
                     what: "reading a shard's manifest",
-                    source,
+                    source: memwal_table::TableError::Manifest {
+                        uri: self.loc().uri.clone(),
+                        shard: *shard,
+                        source: Box::new(e),
+                    },
                 })?;
-            if manifest.map(|m| m.writer_epoch) != Some(s.epoch) {
+            if epoch != Some(s.epoch) {
                 return Ok(false);
             }
         }

@@ -9,6 +9,7 @@
 
 pub(crate) mod lookup;
 pub(crate) mod memtables;
+pub(crate) mod owners;
 pub(crate) mod scan;
 pub(crate) mod search;
 pub(crate) mod snapshot;
@@ -29,6 +30,9 @@ pub(crate) struct Reader {
     /// The held writers' unflushed rows as upstream memtables, kept and
     /// extended read by read.
     memtables: memtables::Memtables,
+    /// The last manifest version and writer epoch seen per shard, for
+    /// lookups that only need to know who owns a shard.
+    owners: owners::Owners,
 }
 
 impl Reader {

@@ -76,8 +76,10 @@ fn assert_unavailable<T: std::fmt::Debug>(r: Result<T, ServerError>, shard: &str
 // new owner's SSTables above the fenced writer's published generation.
 // Every read kind (whole read, key lookup, filtered scan) through the
 // fenced host must show exactly the new owner's state. Fails without the
-// epoch check in `TableHost::view_after` (and in lookups, which read the
-// view after the snapshots even when the snapshots answer every key).
+// epoch check in `TableHost::view_after`, and, for a lookup the fenced
+// writer's unflushed rows answer in full, without the check of each
+// answering shard's latest manifest (`reader/owners.rs`, whose cache was
+// filled by the same lookup before the takeover).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_host_reads_the_new_owners_state() {
     let dir = tempfile::tempdir().unwrap();
@@ -93,6 +95,10 @@ async fn a_fenced_host_reads_the_new_owners_state() {
     put(&mut model, &ids, "a");
     put(&mut model, &ids[..20], "x");
     assert_eq!(as_map(&a.read_rows().await.unwrap()), model);
+    // Keys only A's unflushed rows answer: no view read, only the owners.
+    let unflushed = [0, 5, 12, 19];
+    let got = as_map(&a.lookup_rows(&keys(&unflushed)).await.unwrap());
+    assert_eq!(got, only(&model, &unflushed));
 
     // B claims every shard (fencing A's writers, idle from now on),
     // overwrites and deletes, and publishes.
@@ -108,8 +114,15 @@ async fn a_fenced_host_reads_the_new_owners_state() {
     }
     assert_eq!(as_map(&b.read_rows().await.unwrap()), model, "B's state");
 
-    // Keys A's memtables hold (a lookup answered there before), keys
-    // only published, a deleted key, a missing one.
+    // The same keys again: A's writers are fenced, so B's values.
+    let got = as_map(&a.lookup_rows(&keys(&unflushed)).await.unwrap());
+    assert_eq!(
+        got,
+        only(&model, &unflushed),
+        "a lookup A's stale unflushed rows would answer"
+    );
+    // Keys A's memtables hold, keys only published, a deleted key, a
+    // missing one.
     let probe = [0, 1, 5, 7, 12, 19, 22, 30, 35, 99];
     let got = as_map(&a.lookup_rows(&keys(&probe)).await.unwrap());
     assert_eq!(
