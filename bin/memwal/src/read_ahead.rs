@@ -2,12 +2,14 @@
 //!
 //! A Lance scan issues its I/O ahead of whoever pulls its batches, up to an
 //! I/O buffer, over several fragments at once. Lance's defaults size both
-//! for throughput: an I/O buffer of 2 GiB (32 MiB per I/O thread: 256 MiB
-//! on a local disk) and two fragments per I/O thread (128 on an object
-//! store). A query whose client stops reading therefore keeps up to that
-//! much of the table in the daemon's memory, per level it scans, outside
-//! every query budget; measured before this module: a stalled `SELECT *`
-//! read a 61 MiB table whole before its client took a second batch.
+//! for throughput: an I/O buffer of 32 MiB per I/O thread (256 MiB on a
+//! local disk, 2 GiB on an object store) and two fragments per I/O thread
+//! (16 and 128). A query whose client stops reading therefore keeps up to
+//! that much of the table in the daemon's memory, per level it scans,
+//! outside every query budget. Measured before this module (a `SELECT *`
+//! client holding one batch, local disk): a 77 MB table read whole, 93 MB
+//! of a 155 MB one; with the defaults here, 34 MB of either
+//! (`benches/RESULTS.md`).
 //!
 //! Lance takes these two settings only from its environment
 //! (`LANCE_DEFAULT_IO_BUFFER_SIZE`, `LANCE_DEFAULT_FRAGMENT_READAHEAD`; the
