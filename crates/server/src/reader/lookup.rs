@@ -428,17 +428,45 @@ fn tuples_of(batch: &RecordBatch, key_names: &[String]) -> Result<Vec<Vec<Scalar
         .collect()
 }
 
-/// Keys looked up, in Arrow's row format: a batch's rows are matched
-/// against them by hashing, one pass over the batch whatever the number
-/// of keys.
-struct WantedKeys {
-    converter: RowConverter,
-    rows: HashSet<Box<[u8]>>,
+/// At most this many keys are matched against unflushed rows by
+/// comparing each key column with each key (vectorised); more, by
+/// hashing each row's key.
+const FEW_KEYS: usize = 16;
+
+/// The keys a lookup wants, to keep the matching rows of unflushed
+/// batches.
+enum WantedKeys {
+    /// Each key as one single-row array per key column.
+    Few(Vec<Vec<ArrayRef>>),
+    /// Each key's row encoding.
+    Many {
+        converter: RowConverter,
+        rows: HashSet<Box<[u8]>>,
+    },
 }
 
 impl WantedKeys {
     /// The keys of `wanted` (one array per key column).
     fn new(wanted: &[ArrayRef]) -> Result<Self, String> {
+        let count = wanted.first().map_or(0, |c| c.len());
+        if count <= FEW_KEYS {
+            return Ok(Self::few(wanted));
+        }
+        Self::hashed(wanted)
+    }
+
+    /// [`Self::Few`] of `wanted`.
+    fn few(wanted: &[ArrayRef]) -> Self {
+        let count = wanted.first().map_or(0, |c| c.len());
+        Self::Few(
+            (0..count)
+                .map(|k| wanted.iter().map(|c| c.slice(k, 1)).collect())
+                .collect(),
+        )
+    }
+
+    /// [`Self::Many`] of `wanted`.
+    fn hashed(wanted: &[ArrayRef]) -> Result<Self, String> {
         let converter = RowConverter::new(
             wanted
                 .iter()
@@ -452,7 +480,7 @@ impl WantedKeys {
             .iter()
             .map(|r| r.as_ref().into())
             .collect();
-        Ok(Self { converter, rows })
+        Ok(Self::Many { converter, rows })
     }
 
     /// The rows of `batch` whose key is wanted; `None` when there are
@@ -471,19 +499,85 @@ impl WantedKeys {
                     .ok_or_else(|| format!("an unflushed batch lacks the key column `{k}`"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let rows = self
-            .converter
-            .convert_columns(&columns)
-            .map_err(|e| e.to_string())?;
-        let keep: BooleanArray = rows
-            .iter()
-            .map(|r| Some(self.rows.contains(r.as_ref())))
-            .collect();
+        let keep = match self {
+            Self::Few(keys) => few_matches(&columns, keys, batch.num_rows())?,
+            Self::Many { converter, rows } => converter
+                .convert_columns(&columns)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .map(|r| Some(rows.contains(r.as_ref())))
+                .collect(),
+        };
         if keep.true_count() == 0 {
             return Ok(None);
         }
         arrow_select::filter::filter_record_batch(batch, &keep)
             .map(Some)
             .map_err(|e| e.to_string())
+    }
+}
+
+/// Which rows of `columns` (a batch's key columns, `len` rows) hold one of
+/// `keys`: per key, every column equal to its value; any key. Key columns
+/// hold no nulls.
+fn few_matches(
+    columns: &[ArrayRef],
+    keys: &[Vec<ArrayRef>],
+    len: usize,
+) -> Result<BooleanArray, String> {
+    use datafusion::arrow::array::Scalar;
+    use datafusion::arrow::compute::kernels::cmp::eq;
+    use datafusion::arrow::compute::{and, or};
+    let mut any = BooleanArray::from(vec![false; len]);
+    for key in keys {
+        let mut all: Option<BooleanArray> = None;
+        for (column, value) in columns.iter().zip(key) {
+            let same = eq(column, &Scalar::new(value.clone())).map_err(|e| e.to_string())?;
+            all = Some(match all {
+                None => same,
+                Some(a) => and(&a, &same).map_err(|e| e.to_string())?,
+            });
+        }
+        if let Some(all) = all {
+            any = or(&any, &all).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(any)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray};
+
+    // Breaks if matching a few keys by comparing columns keeps other rows
+    // than matching them by hashing: one-column and two-column keys, keys
+    // present once, twice and not at all.
+    #[test]
+    fn few_keys_match_the_rows_hashing_matches() {
+        let ids: Vec<i64> = (0..1000).map(|i| i % 700).collect();
+        let tags: Vec<String> = (0..1000).map(|i| format!("t{}", i % 3)).collect();
+        let batch = RecordBatch::try_from_iter(vec![
+            ("id", Arc::new(Int64Array::from(ids)) as ArrayRef),
+            ("tag", Arc::new(StringArray::from(tags)) as ArrayRef),
+        ])
+        .unwrap();
+        let one = vec![Arc::new(Int64Array::from(vec![3, 650, 699, 5000])) as ArrayRef];
+        let two = vec![
+            Arc::new(Int64Array::from(vec![3, 650, 4, 7])) as ArrayRef,
+            Arc::new(StringArray::from(vec!["t0", "t2", "t1", "t0"])) as ArrayRef,
+        ];
+        for (wanted, names) in [
+            (one, vec!["id".to_string()]),
+            (two, vec!["id".to_string(), "tag".to_string()]),
+        ] {
+            let few = WantedKeys::few(&wanted).rows_of(&batch, &names).unwrap();
+            let hashed = WantedKeys::hashed(&wanted)
+                .unwrap()
+                .rows_of(&batch, &names)
+                .unwrap();
+            assert!(few.as_ref().is_some_and(|b| b.num_rows() > 0), "{names:?}");
+            assert_eq!(few, hashed, "{names:?}");
+        }
     }
 }
