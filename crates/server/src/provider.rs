@@ -325,6 +325,11 @@ pub(crate) mod tests {
 
     /// A `bucket(id, 4)` table `t` in `dir`: `id` int64 key, `v` utf8.
     pub(crate) async fn table(dir: &tempfile::TempDir) -> Arc<TableHost> {
+        table_with(dir, Vec::new()).await
+    }
+
+    /// [`table`] with `extra` columns after `v`.
+    pub(crate) async fn table_with(dir: &tempfile::TempDir, extra: Vec<Field>) -> Arc<TableHost> {
         let path = dir.path().join("t").to_str().unwrap().to_string();
         let loc = memwal_store::open_store(&path).unwrap();
         let key = Field::new("id", DataType::Int64, false).with_metadata(
@@ -334,10 +339,9 @@ pub(crate) mod tests {
             )]
             .into(),
         );
-        let schema = Arc::new(Schema::new(vec![
-            key,
-            Field::new("v", DataType::Utf8, true),
-        ]));
+        let mut fields = vec![key, Field::new("v", DataType::Utf8, true)];
+        fields.extend(extra);
+        let schema = Arc::new(Schema::new(fields));
         let sharding = memwal_table::TableSharding::Bucket {
             column: "id".into(),
             buckets: 4,

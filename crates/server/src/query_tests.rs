@@ -378,34 +378,11 @@ async fn a_long_arithmetic_filter_plans_without_interval_analysis() {
 /// `rows` unflushed rows, written as one batch.
 async fn vector_table(dir: &tempfile::TempDir, rows: i64, width: usize) -> Arc<Hosts> {
     use arrow_array::{ArrayRef, FixedSizeListArray, Float32Array, Int64Array, StringArray};
-    use arrow_schema::{DataType, Field, Schema};
-    let path = dir.path().join("t").to_str().unwrap().to_string();
-    let loc = memwal_store::open_store(&path).unwrap();
-    let key = Field::new("id", DataType::Int64, false).with_metadata(
-        [(
-            memwal_memtable::PRIMARY_KEY_KEY.to_string(),
-            "true".to_string(),
-        )]
-        .into(),
-    );
+    use arrow_schema::{DataType, Field};
     let item = Arc::new(Field::new("item", DataType::Float32, true));
-    let schema = Arc::new(Schema::new(vec![
-        key,
-        Field::new("v", DataType::Utf8, true),
-        Field::new("vec", DataType::FixedSizeList(item.clone(), 4), true),
-    ]));
-    let sharding = memwal_table::TableSharding::Bucket {
-        column: "id".into(),
-        buckets: 4,
-    };
-    memwal_table::create_table(&loc, schema.clone(), &sharding)
-        .await
-        .unwrap();
-    let host = Arc::new(
-        TableHost::open("t", loc, memwal::ShardWriterConfig::default())
-            .await
-            .unwrap(),
-    );
+    let vec_field = Field::new("vec", DataType::FixedSizeList(item.clone(), 4), true);
+    let host = crate::provider::tests::table_with(dir, vec![vec_field]).await;
+    let schema = host.schema();
     let ids: Vec<i64> = (0..rows).collect();
     let values = Float32Array::from_iter_values(ids.iter().flat_map(|&i| [i as f32; 4]));
     let vectors = FixedSizeListArray::try_new(item, 4, Arc::new(values), None).unwrap();
