@@ -374,9 +374,12 @@ async fn sql_reads_agree_with_pylance_before_and_after_flush_compaction_and_gc()
 // Breaks if a daemon whose shard another daemon claimed answers SQL reads
 // from its stale memtables (issue 35, read isolation across daemons):
 // through the fenced daemon, every row, key lookups and `vector_search`
-// must show the new owner's published state, not the fenced writer's
-// rows (overwritten and deleted since). Fails without the epoch check of
-// `TableHost::view_after`: the fenced daemon finds the deleted rows.
+// must show the new owner's state, not the fenced writer's rows
+// (overwritten and deleted since), before and after the new owner
+// publishes. Fails without the epoch check of `TableHost::view_after`
+// (the fenced daemon finds the deleted rows), and before the publish
+// without the WAL tail reads of `reader/tails.rs` (it misses the new
+// owner's rows and the ones it replayed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_daemon_reads_and_searches_the_new_owners_state() {
     let Some(python) = test_python("fenced reads") else {
@@ -402,7 +405,6 @@ async fn a_fenced_daemon_reads_and_searches_the_new_owners_state() {
     put(&mut to_b, &["t", "delete"], vec![keys(&deleted)])
         .await
         .unwrap();
-    flush(&mut to_b).await;
 
     let lookups = [5, 8, FRESH, FRESH + 30, FRESH + 45, FRESH + 99];
     // Each probe is the vector its row had in A's memtable.
@@ -412,6 +414,31 @@ async fn a_fenced_daemon_reads_and_searches_the_new_owners_state() {
             .map(|&id| serde_json::json!([id, vector(id + 1_000_000)]))
             .collect(),
     );
+    // Before B publishes, its rows (and A's, which it replayed) are only
+    // in its memtables and the WAL: A reads them from the WAL.
+    let unpublished = reads(&python, Some(&b.flight), &table, false, &lookups, &probes).await;
+    let unpublished = &unpublished["sql"];
+    assert_eq!(
+        unpublished["rows"].as_object().unwrap().len(),
+        3000 + 100 - 11
+    );
+    let through_a = reads(&python, Some(&a.flight), &table, false, &lookups, &probes).await;
+    let through_a = &through_a["sql"];
+    assert_eq!(
+        through_a["nearest"], unpublished["nearest"],
+        "vector_search through the fenced daemon, B's rows unpublished"
+    );
+    assert_eq!(
+        through_a["lookups"], unpublished["lookups"],
+        "lookups through the fenced daemon, B's rows unpublished"
+    );
+    same(
+        through_a,
+        unpublished,
+        "through the fenced daemon, B's rows unpublished",
+    );
+    flush(&mut to_b).await;
+
     let through_b = reads(&python, Some(&b.flight), &table, false, &lookups, &probes).await;
     let sql = &through_b["sql"];
     assert_eq!(sql["rows"].as_object().unwrap().len(), 3000 + 100 - 11);

@@ -115,6 +115,23 @@ pub enum ServerError {
         #[source]
         source: memwal_table::TableError,
     },
+    /// Reading the unpublished rows of a shard this daemon holds no writer
+    /// for from its WAL failed (`reader/tails.rs`): `DATA_LOSS` for an
+    /// entry that does not decode or fit the table, `UNAVAILABLE` for a
+    /// storage failure (after retries), `INTERNAL` otherwise. Nothing was
+    /// read.
+    #[error(
+        "table `{table}`: reading the unpublished rows of shard {shard} from its WAL: {source}"
+    )]
+    WalTail {
+        /// The table.
+        table: String,
+        /// The shard.
+        shard: String,
+        /// What failed.
+        #[source]
+        source: Box<memwal_wal::WalError>,
+    },
     /// A read for a query needed more memory than the query's budget
     /// left (`RESOURCE_EXHAUSTED`): charged before it was taken.
     #[error("table `{table}`: {what}: {source}")]
@@ -184,7 +201,8 @@ impl ServerError {
         match self {
             ServerError::Writer { shard, .. }
             | ServerError::ServedElsewhere { shard, .. }
-            | ServerError::Down { shard, .. } => Some(shard),
+            | ServerError::Down { shard, .. }
+            | ServerError::WalTail { shard, .. } => Some(shard),
             _ => None,
         }
     }
@@ -247,6 +265,13 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
         ServerError::Setup { .. } => Code::Internal,
         ServerError::Read { source, .. } if source.is_transient() => Code::Unavailable,
         ServerError::Read { .. } => Code::Internal,
+        ServerError::WalTail { source, .. } => match source.as_ref() {
+            memwal_wal::WalError::Corrupt { .. } => Code::DataLoss,
+            memwal_wal::WalError::Storage(_) | memwal_wal::WalError::Fencing(_) => {
+                Code::Unavailable
+            }
+            _ => Code::Internal,
+        },
         ServerError::Writer { source, .. } => match source {
             memwal::Error::Fenced { .. } | memwal::Error::Sealed { .. } => Code::FailedPrecondition,
             memwal::Error::InvalidInput { .. } => Code::InvalidArgument,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema};
-use memwal::{ShardId, ShardWriter, ShardWriterConfig};
+use memwal::ShardWriterConfig;
 use memwal_server::{ServerError, TableHost};
 use memwal_table::{create_table, TableSharding};
 
@@ -75,80 +75,6 @@ async fn keyed_table(
     loc
 }
 
-// Breaks if a daemon owning a bucket subset claims (and so fences) a shard
-// of another daemon's buckets, at first use or when reopening, if a batch
-// with rows of a bucket it does not own is accepted, partly written (its
-// owned parts durable: a definite code must mean nothing was written) or
-// refused with a code other than FAILED_PRECONDITION, or if the two halves
-// do not together hold every row.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn daemons_owning_bucket_subsets_split_a_table_without_fencing_each_other() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = bucket_table(&dir).await;
-    let open = |b: &'static [u32]| {
-        TableHost::open_buckets("t", loc.clone(), ShardWriterConfig::default(), Some(b))
-    };
-    let a = open(&[0, 1]).await.unwrap();
-    let b = open(&[2, 3]).await.unwrap();
-    let ids: Vec<i64> = (0..40).collect();
-    let bucket = |id: &i64| memwal_sharding::bucket_of(memwal_sharding::hash_i64(*id), 4);
-    let own_a: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) < 2).collect();
-    let own_b: Vec<i64> = ids.iter().copied().filter(|i| bucket(i) >= 2).collect();
-    // A batch spanning both halves is refused whole by either daemon:
-    // nothing of it is written (its `x` values never show below).
-    for host in [&a, &b] {
-        let e = host.write(&tagged(&ids, "x"), false).await.unwrap_err();
-        assert!(matches!(e, ServerError::ServedElsewhere { .. }), "{e}");
-        assert!(!e.may_be_durable(), "{e}");
-        assert_eq!(
-            tonic::Status::from(e).code(),
-            tonic::Code::FailedPrecondition
-        );
-    }
-    a.write(&rows(&own_a), false).await.unwrap();
-    b.write(&rows(&own_b), false).await.unwrap();
-    // Reopening A must claim only its own two shards: B keeps writing.
-    a.close().await.unwrap();
-    let a = open(&[0, 1]).await.unwrap();
-    assert_eq!(a.status().await.len(), 2);
-    b.write(&rows(&own_b), false).await.unwrap();
-    a.write(&rows(&own_a), false).await.unwrap();
-    assert!(a.write(&tagged(&ids, "x"), false).await.is_err());
-    for s in a.status().await.iter().chain(b.status().await.iter()) {
-        assert_eq!(s.state, "serving", "{s:?}");
-    }
-    a.close().await.unwrap();
-    b.close().await.unwrap();
-    // A subset of a table not sharded by one bucket field, or a bucket
-    // that does not exist, is refused at open.
-    assert!(open(&[4])
-        .await
-        .unwrap_err()
-        .to_string()
-        .contains("bucket 4"));
-
-    // Every row is in exactly one half: a full host sees four shards, and
-    // after compaction the base holds all 40 rows.
-    let all = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
-        .await
-        .unwrap();
-    assert_eq!(all.status().await.len(), 4);
-    all.close().await.unwrap();
-    compact(&loc).await;
-    let lance = memwal_sstable::LanceStore::new(loc.store.clone());
-    let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance.uri(&loc.root))
-        .with_session(lance.session().clone())
-        .load()
-        .await
-        .unwrap();
-    assert_eq!(ds.count_rows(None).await.unwrap(), 40);
-    assert_eq!(
-        ds.count_rows(Some("v LIKE 'x%'".into())).await.unwrap(),
-        0,
-        "a refused batch left rows"
-    );
-}
-
 // Breaks if /readyz says ready (or /status hides that tables are still
 // opening) before every table is open, or stays unready after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,79 +136,6 @@ async fn readyz_is_unavailable_until_every_table_is_open() {
     state.tables.get().unwrap()["t"].close().await.unwrap();
 }
 
-// Breaks if a batch whose shards are partly taken over is reported as a
-// plain failure (the client could not tell that other parts are durable),
-// maps to a definite code instead of ABORTED (partial) with the durable and
-// failed parts in the status metadata, or if the taken-over shard
-// keeps being served (its status must say lost, the others serving).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partly_taken_over_batch_reports_its_durable_parts() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = bucket_table(&dir).await;
-    let host = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
-        .await
-        .unwrap();
-    let ids: Vec<i64> = (0..40).collect();
-    let parts = host.write(&rows(&ids), false).await.unwrap();
-    assert_eq!(parts.len(), 4, "{parts:?}");
-
-    // Another writer claims one shard.
-    let victim: ShardId = ShardId::parse(&parts[0].shard).unwrap();
-    let other = ShardWriter::open(loc.clone(), victim, ShardWriterConfig::default())
-        .await
-        .unwrap();
-    let e = host.write(&rows(&ids), false).await.unwrap_err();
-    match &e {
-        ServerError::Partial {
-            durable, failed, ..
-        } => {
-            assert_eq!(durable.len(), 3, "{e}");
-            assert_eq!(failed.len(), 1, "{e}");
-            assert_eq!(failed[0].shard, victim.to_string());
-            assert_eq!(failed[0].code, "FailedPrecondition", "{e}");
-        }
-        other => panic!("expected a partial failure, got {other}"),
-    }
-    // The partial outcome has its own code, and the parts in metadata a
-    // client can read.
-    let status = tonic::Status::from(e);
-    assert_eq!(status.code(), tonic::Code::Aborted);
-    let durable: serde_json::Value = serde_json::from_str(
-        status
-            .metadata()
-            .get("memwal-durable-parts")
-            .unwrap()
-            .to_str()
-            .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(durable.as_array().unwrap().len(), 3, "{durable}");
-    let failed: serde_json::Value = serde_json::from_str(
-        status
-            .metadata()
-            .get("memwal-failed-parts")
-            .unwrap()
-            .to_str()
-            .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(failed[0]["shard"], victim.to_string(), "{failed}");
-    let status = host.status().await;
-    let lost: Vec<_> = status.iter().filter(|s| s.state == "lost").collect();
-    assert_eq!(lost.len(), 1, "{status:?}");
-    assert_eq!(lost[0].shard, victim.to_string());
-    assert!(lost[0]
-        .last_error
-        .as_deref()
-        .unwrap_or("")
-        .contains("epoch"));
-    // Later writes to the lost shard are refused at once, the rest served.
-    let e = host.write(&rows(&ids), false).await.unwrap_err();
-    assert!(e.to_string().contains("served elsewhere"), "{e}");
-    other.close().await.unwrap();
-    host.close().await.unwrap();
-}
-
 // Breaks if a put larger than a shard may hold is not refused as invalid
 // input (INVALID_ARGUMENT, naming the limit), or if the host stops serving
 // after it.
@@ -303,33 +156,6 @@ async fn an_oversized_put_is_invalid_and_the_table_keeps_serving() {
     let parts = host.write(&rows(&[1, 2]), false).await.unwrap();
     assert!(!parts.is_empty());
     host.close().await.unwrap();
-}
-
-// Breaks if two daemons that both meet a bucket for the first time create
-// two shards for it (the bucket's rows would be split over shards no single
-// writer orders); they must create the same shard, the later claim fencing
-// the earlier.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_hosts_creating_a_buckets_shard_create_the_same_one() {
-    let dir = tempfile::tempdir().unwrap();
-    let loc = bucket_table(&dir).await;
-    let a = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
-        .await
-        .unwrap();
-    let b = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
-        .await
-        .unwrap();
-    let ids: Vec<i64> = (0..40).collect();
-    assert_eq!(a.write(&rows(&ids), false).await.unwrap().len(), 4);
-    assert_eq!(b.write(&rows(&ids), false).await.unwrap().len(), 4);
-    assert_eq!(memwal_table::list_shards(&loc).await.unwrap().len(), 4);
-    let e = a.write(&rows(&ids), false).await.unwrap_err();
-    assert_eq!(
-        tonic::Status::from(e).code(),
-        tonic::Code::FailedPrecondition
-    );
-    b.close().await.unwrap();
-    a.close().await.unwrap();
 }
 
 // Breaks if a batch is checked only against the table-level schema: here
@@ -933,3 +759,6 @@ mod isolation;
 
 #[path = "host/small_puts.rs"]
 mod small_puts;
+
+#[path = "host/across.rs"]
+mod across;

@@ -23,6 +23,11 @@ pub struct ShardView {
     pub spec_id: u32,
     /// The manifest's `current_generation` (the generation in memory).
     pub current_generation: u64,
+    /// The manifest's `replay_after_wal_entry_position`: WAL entries above
+    /// it may hold rows not yet published (at generations from
+    /// `current_generation` on); entries at or below it are published and
+    /// may be deleted.
+    pub replay_after: u64,
     /// The manifest's `writer_epoch`: the writer that owns the shard now.
     /// A writer holding another epoch is fenced, and its unpublished rows
     /// must not be read.
@@ -130,6 +135,7 @@ pub async fn table_view(
                 shard,
                 spec_id: m.shard_spec_id,
                 current_generation: m.current_generation,
+                replay_after: m.replay_after_wal_entry_position,
                 writer_epoch: m.writer_epoch,
                 floor,
                 sstables,

@@ -1,7 +1,9 @@
 //! Reads of a served table, with the state they keep: the snapshot and
 //! view every read starts from (`snapshot.rs`), scans streamed level by
 //! level (`scan.rs`), key lookups (`lookup.rs`), searches (`search.rs`)
-//! and the held writers' rows as upstream memtables (`memtables.rs`).
+//! the held writers' rows as upstream memtables (`memtables.rs`), and
+//! the unpublished rows of shards held elsewhere, from their WALs
+//! (`tails.rs`).
 //! The rules every read keeps and their tests: docs/design/fresh-reads.md.
 //!
 //! The state is [`Reader`]'s, private to this module: the rest of the
@@ -13,6 +15,7 @@ pub(crate) mod owners;
 pub(crate) mod scan;
 pub(crate) mod search;
 pub(crate) mod snapshot;
+pub(crate) mod tails;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -33,6 +36,9 @@ pub(crate) struct Reader {
     /// The last manifest version and writer epoch seen per shard, for
     /// lookups that only need to know who owns a shard.
     owners: owners::Owners,
+    /// The WAL entries read of shards held by no writer here, kept and
+    /// extended read by read.
+    tails: tails::Tails,
 }
 
 impl Reader {

@@ -1,7 +1,9 @@
-//! Which writer epoch a shard's latest manifest names, with as few
-//! object-store requests as the question allows. A key lookup that the
-//! held writers' unflushed rows answer only needs to know that each
-//! answering writer still owns its shard (`lookup.rs`).
+//! Which writer epoch (and replay cursor) a shard's latest manifest
+//! names, with as few object-store requests as the question allows. A key
+//! lookup that the held writers' unflushed rows answer only needs to know
+//! that each answering writer still owns its shard (`lookup.rs`); a read
+//! of another writer's WAL tail, how far its cursor has moved since
+//! (`tails.rs`).
 //!
 //! A [`ManifestStore`] is kept per shard, so the search for the latest
 //! version starts from the last one seen: when nothing changed, one probe
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use memwal::ShardId;
 use memwal_fencing::{FencingError, ManifestStore};
 use memwal_store::{RetryPolicy, StoreLocation};
+use memwal_wal::WalLocation;
 
 /// Per shard: its manifest store and the last version read, with the
 /// epoch it names.
@@ -27,8 +30,19 @@ pub(crate) struct Owners {
 
 struct Known {
     manifests: ManifestStore,
-    /// `(version, writer_epoch)` of the last manifest read.
-    seen: parking_lot::Mutex<Option<(u64, u64)>>,
+    /// The last manifest read.
+    seen: parking_lot::Mutex<Option<Seen>>,
+}
+
+/// What a shard's latest manifest says about its owner and its WAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Seen {
+    /// The manifest's version.
+    pub version: u64,
+    /// Its `writer_epoch`.
+    pub epoch: u64,
+    /// Its `replay_after_wal_entry_position`.
+    pub replay_after: u64,
 }
 
 impl Owners {
@@ -39,8 +53,50 @@ impl Owners {
         loc: &StoreLocation,
         shard: ShardId,
     ) -> Result<Option<u64>, FencingError> {
-        let known = self
-            .shards
+        Ok(self.latest(loc, shard).await?.map(|s| s.epoch))
+    }
+
+    /// `shard`'s WAL (same store and retry policy as its manifests).
+    pub(crate) fn wal(&self, loc: &StoreLocation, shard: ShardId) -> WalLocation {
+        WalLocation::of(&self.known(loc, shard).manifests)
+    }
+
+    /// What `shard`'s latest manifest as of this call says (`None`: the
+    /// shard has no manifest).
+    pub(crate) async fn latest(
+        &self,
+        loc: &StoreLocation,
+        shard: ShardId,
+    ) -> Result<Option<Seen>, FencingError> {
+        let known = self.known(loc, shard);
+        let version = known.manifests.latest_version().await?;
+        if version == 0 {
+            return Ok(None);
+        }
+        if let Some(seen) = *known.seen.lock() {
+            if seen.version == version {
+                return Ok(Some(seen));
+            }
+        }
+        // Gone since it was probed (pruned): search again from scratch.
+        let manifest = match known.manifests.load_version(version).await? {
+            Some(m) => Some(m),
+            None => known.manifests.load_latest().await?,
+        };
+        Ok(manifest.map(|m| {
+            let seen = Seen {
+                version: m.version,
+                epoch: m.writer_epoch,
+                replay_after: m.replay_after_wal_entry_position,
+            };
+            *known.seen.lock() = Some(seen);
+            seen
+        }))
+    }
+
+    /// The kept state of `shard` (made on first use).
+    fn known(&self, loc: &StoreLocation, shard: ShardId) -> Arc<Known> {
+        self.shards
             .lock()
             .entry(shard)
             .or_insert_with(|| {
@@ -54,24 +110,6 @@ impl Owners {
                     seen: parking_lot::Mutex::new(None),
                 })
             })
-            .clone();
-        let version = known.manifests.latest_version().await?;
-        if version == 0 {
-            return Ok(None);
-        }
-        if let Some((seen, epoch)) = *known.seen.lock() {
-            if seen == version {
-                return Ok(Some(epoch));
-            }
-        }
-        // Gone since it was probed (pruned): search again from scratch.
-        let manifest = match known.manifests.load_version(version).await? {
-            Some(m) => Some(m),
-            None => known.manifests.load_latest().await?,
-        };
-        Ok(manifest.map(|m| {
-            *known.seen.lock() = Some((m.version, m.writer_epoch));
-            m.writer_epoch
-        }))
+            .clone()
     }
 }

@@ -9,16 +9,17 @@
 //! that shard, the rest being in the snapshot. Every put acknowledged
 //! before the read began is in it, no row whose WAL write is not durable
 //! is, and no key appears twice. A snapshot of a writer the view shows
-//! fenced (its manifest names another epoch) is dropped: its shard is read
-//! as published. A shard whose writer is down (or whose state is corrupt)
-//! refuses the read. Shards this daemon does not hold (another daemon's
-//! buckets) are read as published: their unflushed rows are not visible
-//! here. Rows compacted into the base after the read began may show
-//! (never older than the snapshot). The rules and their tests:
-//! docs/design/fresh-reads.md.
+//! fenced (its manifest names another epoch) is dropped. A shard whose
+//! writer here is down (or whose state is corrupt) refuses the read. Every
+//! shard of the view without a snapshot (another daemon's, one claimed
+//! away from this daemon, one no writer holds) is read with its
+//! unpublished rows from its WAL (`tails.rs`), so a read shows every
+//! shard's acknowledged rows whichever daemon took them. Rows compacted
+//! into the base after the read began may show (never older than the
+//! snapshot). The rules and their tests: docs/design/fresh-reads.md.
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -65,24 +66,100 @@ impl TableHost {
         loop {
             let mut snapshots = self.snapshots()?;
             let (view, retake) = self.view_after(&mut snapshots, index).await?;
-            if !retake {
+            let why = if retake {
+                "a shard reopened here"
+            } else if self.read_tails(&mut snapshots, &view).await? {
+                "a shard's WAL was published past what the read's view had"
+            } else {
                 return Ok((snapshots, view));
-            }
+            };
             if attempt >= READ_ATTEMPTS {
-                // Never answered from a state that may miss replayed rows.
+                // Never answered from a state that may miss acknowledged rows.
                 return Err(ServerError::Down {
                     table: self.name().to_string(),
-                    shard: "reopening here".into(),
-                    cause: format!(
-                        "a shard reopened during each of {READ_ATTEMPTS} attempts of this read"
-                    ),
+                    shard: "changing during the read".into(),
+                    cause: format!("{why} during each of {READ_ATTEMPTS} attempts of this read"),
                     down_secs: 0,
                     retry_in_ms: 0,
                 });
             }
-            tracing::debug!(table = %self.name(), attempt, "a shard reopened during the read; reading again");
+            tracing::debug!(table = %self.name(), attempt, why, "reading again");
             attempt += 1;
         }
+    }
+
+    /// Adds to `snapshots`, for every shard of `view` without one (held by
+    /// another daemon, claimed away from this one, or by no writer), the
+    /// rows its WAL holds above the view's replay cursor, of generations
+    /// neither its SSTables in the view nor the view's base (or index)
+    /// hold (`tails.rs`), as a snapshot at the view's writer epoch.
+    ///
+    /// Returns whether some shard's latest manifest has moved its cursor
+    /// to or past the position that ended its WAL read: that position may
+    /// have been deleted by a WAL GC rather than never written, so the read
+    /// must be taken again.
+    async fn read_tails(
+        &self,
+        snapshots: &mut Snapshots,
+        view: &memwal_table::TableView,
+    ) -> Result<bool, ServerError> {
+        let shape = self.shape();
+        let reader = self.reader();
+        let reads = view
+            .shards
+            .iter()
+            .filter(|s| !snapshots.contains_key(&s.shard))
+            .map(|s| {
+                let schema = &shape.validator;
+                async move {
+                    let min_generation = s.current_generation.max(s.floor.saturating_add(1));
+                    let wal = reader.owners.wal(self.loc(), s.shard);
+                    let read = reader
+                        .tails
+                        .read(&wal, s.replay_after, min_generation, schema)
+                        .await
+                        .map_err(|source| ServerError::WalTail {
+                            table: self.name().to_string(),
+                            shard: s.shard.to_string(),
+                            source: Box::new(source),
+                        })?;
+                    let latest = reader
+                        .owners
+                        .latest(self.loc(), s.shard)
+                        .await
+                        .map_err(|e| ServerError::Read {
+                            table: self.name().to_string(),
+                            what: "reading a shard's manifest",
+                            source: memwal_table::TableError::Manifest {
+                                uri: self.loc().uri.clone(),
+                                shard: s.shard,
+                                source: Box::new(e),
+                            },
+                        })?;
+                    let moved = latest.is_some_and(|l| l.replay_after >= read.end);
+                    let snapshot = memwal::ReadSnapshot {
+                        shard: s.shard,
+                        epoch: s.writer_epoch,
+                        published_generation: min_generation - 1,
+                        batches: read.batches,
+                    };
+                    Ok::<_, ServerError>((snapshot, moved))
+                }
+            });
+        let read = futures::future::try_join_all(reads).await?;
+        let mut moved = false;
+        let mut shards = HashSet::new();
+        for (snapshot, m) in read {
+            moved |= m;
+            shards.insert(snapshot.shard);
+            if !snapshot.batches.is_empty() {
+                metrics::counter!("memwal_server_wal_tail_reads_total", "table" => self.name().to_string())
+                    .increment(1);
+            }
+            snapshots.insert(snapshot.shard, snapshot);
+        }
+        reader.tails.keep_only(&shards);
+        Ok(moved)
     }
 
     /// Each held writer's snapshot (its published generation and

@@ -1,0 +1,182 @@
+//! The unflushed rows of shards this daemon holds no writer for (another
+//! daemon's, one that claimed a shard away from this daemon, one being
+//! opened here, or none), read from their WALs: a put is acknowledged
+//! only once its WAL entry is durable, so the entries above a shard's
+//! replay cursor hold every acknowledged row its manifest has not
+//! published yet, whoever wrote them.
+//!
+//! What is read, for a shard whose manifest (in the read's view) has
+//! cursor `c` and `current_generation` `g`, over a base holding its
+//! generations up to `f`: the entries at `c + 1, c + 2, ...` up to the
+//! first missing position (entries above the cursor have no gaps), whose
+//! generation is at least `g` and above `f` (or that record none:
+//! upstream's WAL-only entries), sentinels and row-less entries skipped.
+//! Every entry there is one a claim would replay: a fenced writer's PUT
+//! lands below its successor's fence sentinel or not at all
+//! (docs/design/wal.md), so no entry above the cursor is ever discarded.
+//!
+//! What the read must check afterwards (`snapshot.rs`): the missing
+//! position that ended it may be one a WAL GC deleted after the writer
+//! moved the cursor past it (the view's manifest being older); the
+//! shard's latest manifest says whether its cursor is now at or past that
+//! position, and then the read is taken again.
+//!
+//! Entries never change, so those read are kept per shard (decoded, and
+//! in the table's storage schema) and the next read fetches only the
+//! positions after them; entries at or below a newer cursor are dropped.
+//! Memory: the shard's unpublished WAL entries, bounded by its writer's
+//! unflushed-rows limit, held between reads like the held writers'
+//! memtables; a shard no longer read this way is forgotten at the next
+//! read.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use memwal::ShardId;
+use memwal_memtable::TableSchema;
+use memwal_wal::{WalError, WalLocation};
+
+/// At most this many WAL positions are fetched at once while reading a
+/// tail (the first fetch is of one: most reads find nothing new).
+const READ_AHEAD: u64 = 8;
+
+/// The WAL entries read so far per shard.
+#[derive(Default)]
+pub(crate) struct Tails {
+    shards: parking_lot::Mutex<HashMap<ShardId, Arc<tokio::sync::Mutex<Tail>>>>,
+}
+
+/// One shard's entries above a replay cursor, every position read so far.
+#[derive(Default)]
+struct Tail {
+    /// The cursor they are above.
+    after: u64,
+    /// Positions `after + 1 ..` in order (sentinels and row-less entries
+    /// as entries without rows).
+    entries: Vec<Entry>,
+}
+
+struct Entry {
+    position: u64,
+    generation: Option<u64>,
+    /// Its batches with rows, as stored.
+    stored: Vec<RecordBatch>,
+    /// Those in the storage schema they were last converted to.
+    rows: Option<(SchemaRef, Vec<RecordBatch>)>,
+}
+
+/// What a tail read found.
+#[derive(Debug)]
+pub(crate) struct TailRead {
+    /// The unpublished rows, oldest first, in the table's storage schema
+    /// (apply them in order: later rows overwrite, tombstones delete).
+    pub batches: Vec<RecordBatch>,
+    /// The position found missing that ended the read.
+    pub end: u64,
+}
+
+impl Tails {
+    /// Forgets the shards not in `read` (held here again, or gone).
+    pub(crate) fn keep_only(&self, read: &HashSet<ShardId>) {
+        self.shards.lock().retain(|shard, _| read.contains(shard));
+    }
+
+    /// The rows of `wal`'s entries above position `after` of generation
+    /// `min_generation` or later (or of none), up to the first missing
+    /// position, converted to `schema`'s storage form (by field id:
+    /// entries written under older schemas read with nulls in newer
+    /// columns). Fails on a read failure (after retries) or an entry that
+    /// does not decode or fit the table ([`WalError::Corrupt`]); what was
+    /// read before the failure is kept for the next read.
+    pub(crate) async fn read(
+        &self,
+        wal: &WalLocation,
+        after: u64,
+        min_generation: u64,
+        schema: &TableSchema,
+    ) -> Result<TailRead, WalError> {
+        let cell = self.shards.lock().entry(wal.shard()).or_default().clone();
+        let mut tail = cell.lock().await;
+        if tail.after > after {
+            // A read with a newer view moved past this one's cursor and
+            // dropped entries it needs.
+            *tail = Tail::default();
+        }
+        tail.entries.retain(|e| e.position > after);
+        tail.after = after;
+        let end = extend(&mut tail, wal).await?;
+        let storage = schema.storage_schema();
+        let mut batches = Vec::new();
+        for e in &mut tail.entries {
+            if e.stored.is_empty() || e.generation.is_some_and(|g| g < min_generation) {
+                continue;
+            }
+            let fresh = e
+                .rows
+                .as_ref()
+                .is_some_and(|(s, _)| Arc::ptr_eq(s, storage));
+            if !fresh {
+                let converted = e
+                    .stored
+                    .iter()
+                    .map(|b| schema.to_storage_for_replay(b))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|source| WalError::Corrupt {
+                        shard: wal.shard(),
+                        position: e.position,
+                        path: wal.path(e.position).to_string(),
+                        reason: format!("the entry does not fit the table's schema: {source}"),
+                    })?;
+                e.rows = Some((storage.clone(), converted));
+            }
+            if let Some((_, rows)) = &e.rows {
+                batches.extend(rows.iter().cloned());
+            }
+        }
+        Ok(TailRead { batches, end })
+    }
+}
+
+/// Reads the positions after `tail`'s last until one is missing, which it
+/// returns: one, then twice as many at a time, up to [`READ_AHEAD`].
+async fn extend(tail: &mut Tail, wal: &WalLocation) -> Result<u64, WalError> {
+    let mut next = tail
+        .entries
+        .last()
+        .map_or(tail.after, |e| e.position)
+        .saturating_add(1);
+    let mut width = 1;
+    loop {
+        let positions: Vec<u64> = (0..width).filter_map(|i| next.checked_add(i)).collect();
+        let reads = futures::future::join_all(positions.iter().map(|&p| wal.read_entry(p))).await;
+        for (&position, read) in positions.iter().zip(reads) {
+            let Some(entry) = read? else {
+                return Ok(position);
+            };
+            metrics::counter!("memwal_server_wal_tail_entries_read_total").increment(1);
+            let stored = if entry.is_sentinel {
+                Vec::new()
+            } else {
+                entry
+                    .batches
+                    .into_iter()
+                    .filter(|b| b.num_rows() > 0)
+                    .collect()
+            };
+            tail.entries.push(Entry {
+                position,
+                generation: entry.generation,
+                stored,
+                rows: None,
+            });
+        }
+        width = (width * 2).min(READ_AHEAD);
+        match positions.last().and_then(|p| p.checked_add(1)) {
+            Some(n) => next = n,
+            // Every position up to the last one exists.
+            None => return Ok(u64::MAX),
+        }
+    }
+}
