@@ -125,12 +125,19 @@ impl std::fmt::Debug for Queries {
 }
 
 impl Queries {
+    /// Also charges what the tables' reads keep between queries to the
+    /// memory all queries share ([`TableHost::charge_reads_to`]).
     pub(crate) fn new(hosts: Arc<Hosts>, limits: QueryLimits) -> Self {
+        let shared: Arc<dyn MemoryPool> =
+            Arc::new(GreedyMemoryPool::new(limits.total_memory_bytes));
+        for host in hosts.values() {
+            host.charge_reads_to(shared.clone());
+        }
         Self {
             hosts,
             limits,
             running: Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent)),
-            shared: Arc::new(GreedyMemoryPool::new(limits.total_memory_bytes)),
+            shared,
         }
     }
 

@@ -134,6 +134,19 @@ impl TableHost {
         &self.reader
     }
 
+    /// Charges what reads keep between queries (other writers' unpublished
+    /// WAL rows, the indexes built over unflushed rows) to `pool` while
+    /// they keep it: a read that would keep more than `pool` has free
+    /// fails with [`ServerError::OverBudget`] (`RESOURCE_EXHAUSTED`) and
+    /// keeps nothing. The daemon passes the memory all its queries share
+    /// (`query_total_memory_mib`); without a call nothing is charged.
+    pub fn charge_reads_to(
+        &self,
+        pool: std::sync::Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
+    ) {
+        self.reader.charge_to(pool)
+    }
+
     /// The columns puts are checked and routed by now.
     pub(crate) fn shape(&self) -> Arc<Shape> {
         self.following.current()

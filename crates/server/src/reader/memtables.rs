@@ -11,13 +11,18 @@
 //! published (then they are built again). Vector search over these
 //! memtables is exact (upstream's brute-force arm, used when a memtable
 //! has no graph); full-text search goes through an in-memory inverted
-//! index with the base index's tokenizer.
+//! index with the base index's tokenizer. The indexes are this module's
+//! memory (the rows are the writers'): charged to the reads' account
+//! (`kept.rs`) as each batch is indexed; when it has no room, the shard's
+//! memtables are dropped and the read fails ([`Unbuilt::OverBudget`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use datafusion::error::DataFusionError;
+use datafusion::execution::memory_pool::MemoryPool;
 use lance::dataset::mem_wal::scanner::{InMemoryMemTableRef, InMemoryMemTables};
 use lance::dataset::mem_wal::write::{BatchStore, IndexStore};
 use memwal_sstable::{IndexKind, IndexSpec};
@@ -40,9 +45,26 @@ struct Built {
     /// The snapshot batches they hold, in order.
     batches: Vec<RecordBatch>,
     tables: Vec<InMemoryMemTableRef>,
+    /// Their indexes' bytes, charged.
+    held: super::kept::Held,
+}
+
+/// Why a shard's unflushed rows could not be read as memtables.
+#[derive(Debug)]
+pub(crate) enum Unbuilt {
+    /// Buffering or indexing the rows failed.
+    Failed(String),
+    /// The reads' account has no room for the indexes.
+    OverBudget(DataFusionError),
 }
 
 impl Memtables {
+    /// The bytes their indexes have charged.
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.built.lock().values().map(|b| b.held.bytes()).sum()
+    }
+
     /// Forgets the memtables of shards not in `live` (closed, or no
     /// longer held): their rows are published or in another writer.
     pub(crate) fn keep_only(&self, live: &std::collections::HashSet<memwal::ShardId>) {
@@ -57,12 +79,17 @@ impl Memtables {
     /// table's primary-key columns (empty: append-only); `full_text` the
     /// inverted indexes to build over them. `None` when the snapshot holds
     /// no rows.
+    ///
+    /// The indexes are charged to `account` as each batch is indexed: when
+    /// it has no room, the shard's memtables are dropped and
+    /// [`Unbuilt::OverBudget`] returned.
     pub(crate) fn of(
         &self,
         snapshot: &memwal::ReadSnapshot,
         keys: &[String],
         full_text: &[&IndexSpec],
-    ) -> Result<Option<InMemoryMemTables>, String> {
+        account: Option<&Arc<dyn MemoryPool>>,
+    ) -> Result<Option<InMemoryMemTables>, Unbuilt> {
         let rows: Vec<&RecordBatch> = snapshot
             .batches
             .iter()
@@ -85,14 +112,26 @@ impl Memtables {
                     published: snapshot.published_generation,
                     batches: Vec::new(),
                     tables: Vec::new(),
+                    held: Default::default(),
                 },
             );
         }
         let entry = built
             .get_mut(&id)
-            .ok_or_else(|| "the memtable cache lost an entry".to_string())?;
+            .ok_or_else(|| Unbuilt::Failed("the memtable cache lost an entry".to_string()))?;
+        let what = format!("the indexes over shard {}'s unflushed rows", snapshot.shard);
         for b in &rows[entry.batches.len()..] {
-            append(entry, b, snapshot.published_generation, keys, full_text)?;
+            append(entry, b, snapshot.published_generation, keys, full_text)
+                .map_err(Unbuilt::Failed)?;
+            let bytes = entry
+                .tables
+                .iter()
+                .map(|t| t.index_store.resident_bytes())
+                .sum();
+            if let Err(e) = entry.held.set(account, &what, bytes) {
+                built.remove(&id);
+                return Err(Unbuilt::OverBudget(e));
+            }
         }
         let mut tables = entry.tables.clone();
         let Some(active) = tables.pop() else {
@@ -102,6 +141,24 @@ impl Memtables {
             active,
             frozen: tables,
         }))
+    }
+}
+
+impl crate::TableHost {
+    /// The error of a read whose unflushed rows could not be read as
+    /// memtables ([`Memtables::of`]).
+    pub(crate) fn unbuilt(&self, e: Unbuilt) -> crate::ServerError {
+        match e {
+            Unbuilt::Failed(reason) => crate::ServerError::Setup {
+                table: self.name().to_string(),
+                reason: format!("reading unflushed rows: {reason}"),
+            },
+            Unbuilt::OverBudget(source) => crate::ServerError::OverBudget {
+                table: self.name().to_string(),
+                what: "indexing unflushed rows",
+                source,
+            },
+        }
     }
 }
 

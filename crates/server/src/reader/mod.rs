@@ -9,6 +9,7 @@
 //! The state is [`Reader`]'s, private to this module: the rest of the
 //! server reads through `TableHost`'s read methods.
 
+pub(crate) mod kept;
 pub(crate) mod lookup;
 pub(crate) mod memtables;
 pub(crate) mod owners;
@@ -39,9 +40,27 @@ pub(crate) struct Reader {
     /// The WAL entries read of shards held by no writer here, kept and
     /// extended read by read.
     tails: tails::Tails,
+    /// Where what is kept between reads (`tails`, the indexes of
+    /// `memtables`) is charged (`kept.rs`).
+    account: kept::Account,
 }
 
 impl Reader {
+    /// See [`crate::TableHost::charge_reads_to`].
+    pub(crate) fn charge_to(
+        &self,
+        pool: std::sync::Arc<dyn datafusion::execution::memory_pool::MemoryPool>,
+    ) {
+        self.account.set(pool)
+    }
+
+    /// The bytes what reads keep between queries has charged to the
+    /// account (`kept.rs`).
+    #[cfg(test)]
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.memtables.held_bytes() + self.tails.held_bytes()
+    }
+
     /// Scans and key lookups served so far.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (

@@ -180,12 +180,13 @@ impl TableHost {
             view.snapshots(),
             keys.to_vec(),
         );
+        let account = self.reader().account.pool();
         for s in snapshots.values() {
             if let Some(m) = self
                 .reader()
                 .memtables
-                .of(s, keys, &[])
-                .map_err(|e| failed("reading unflushed rows", e))?
+                .of(s, keys, &[], account.as_ref())
+                .map_err(|e| self.unbuilt(e))?
             {
                 scanner = scanner.with_in_memory_memtables(s.shard.uuid(), m);
             }

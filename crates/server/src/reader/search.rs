@@ -273,12 +273,13 @@ impl TableHost {
             _ => Vec::new(),
         };
         let mut scanner = LsmScanner::new(view.base.clone(), view.snapshots(), keys.clone());
+        let account = self.reader().account.pool();
         for s in snapshots.values() {
             let memtables = self
                 .reader()
                 .memtables
-                .of(s, &keys, &full_text)
-                .map_err(|e| self.failed("reading unflushed rows", e))?;
+                .of(s, &keys, &full_text, account.as_ref())
+                .map_err(|e| self.unbuilt(e))?;
             if let Some(m) = memtables {
                 scanner = scanner.with_in_memory_memtables(s.shard.uuid(), m);
             }

@@ -27,6 +27,7 @@ use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{Field, Schema, SchemaRef};
 
+use crate::reader::tails::TailError;
 use crate::slots::Slot;
 use crate::{ServerError, TableHost};
 
@@ -105,23 +106,38 @@ impl TableHost {
     ) -> Result<bool, ServerError> {
         let shape = self.shape();
         let reader = self.reader();
+        let account = reader.account.pool();
         let reads = view
             .shards
             .iter()
             .filter(|s| !snapshots.contains_key(&s.shard))
             .map(|s| {
                 let schema = &shape.validator;
+                let account = &account;
                 async move {
                     let min_generation = s.current_generation.max(s.floor.saturating_add(1));
                     let wal = reader.owners.wal(self.loc(), s.shard);
                     let read = reader
                         .tails
-                        .read(&wal, s.replay_after, min_generation, schema)
+                        .read(
+                            &wal,
+                            s.replay_after,
+                            min_generation,
+                            schema,
+                            account.as_ref(),
+                        )
                         .await
-                        .map_err(|source| ServerError::WalTail {
-                            table: self.name().to_string(),
-                            shard: s.shard.to_string(),
-                            source: Box::new(source),
+                        .map_err(|e| match e {
+                            TailError::Wal(source) => ServerError::WalTail {
+                                table: self.name().to_string(),
+                                shard: s.shard.to_string(),
+                                source: Box::new(source),
+                            },
+                            TailError::OverBudget(source) => ServerError::OverBudget {
+                                table: self.name().to_string(),
+                                what: "keeping another writer's unpublished rows",
+                                source,
+                            },
                         })?;
                     let latest = reader
                         .owners

@@ -24,16 +24,20 @@
 //! Entries never change, so those read are kept per shard (decoded, and
 //! in the table's storage schema) and the next read fetches only the
 //! positions after them; entries at or below a newer cursor are dropped.
-//! Memory: the shard's unpublished WAL entries, bounded by its writer's
-//! unflushed-rows limit, held between reads like the held writers'
-//! memtables; a shard no longer read this way is forgotten at the next
-//! read.
+//! Memory: the shard's unpublished WAL entries (bounded by its writer's
+//! unflushed-rows limit), charged while kept to the reads' account
+//! (`kept.rs`: the daemon's `query_total_memory_mib`) entry by entry as
+//! they are read; an entry the account has no room for fails the read
+//! ([`TailError::OverBudget`]) and the shard's kept entries are dropped. A
+//! shard no longer read this way is forgotten at the next read.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use datafusion::error::DataFusionError;
+use datafusion::execution::memory_pool::MemoryPool;
 use memwal::ShardId;
 use memwal_memtable::TableSchema;
 use memwal_wal::{WalError, WalLocation};
@@ -56,15 +60,34 @@ struct Tail {
     /// Positions `after + 1 ..` in order (sentinels and row-less entries
     /// as entries without rows).
     entries: Vec<Entry>,
+    /// Their bytes, charged.
+    held: super::kept::Held,
+}
+
+impl Tail {
+    fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.bytes).sum()
+    }
 }
 
 struct Entry {
     position: u64,
     generation: Option<u64>,
+    /// Memory its batches hold.
+    bytes: usize,
     /// Its batches with rows, as stored.
     stored: Vec<RecordBatch>,
     /// Those in the storage schema they were last converted to.
     rows: Option<(SchemaRef, Vec<RecordBatch>)>,
+}
+
+/// Why a tail read failed.
+#[derive(Debug)]
+pub(crate) enum TailError {
+    /// Reading or decoding the WAL failed.
+    Wal(WalError),
+    /// The reads' account has no room for the entries read.
+    OverBudget(DataFusionError),
 }
 
 /// What a tail read found.
@@ -78,6 +101,17 @@ pub(crate) struct TailRead {
 }
 
 impl Tails {
+    /// The bytes the kept entries have charged (shards being read now
+    /// not counted).
+    #[cfg(test)]
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.shards
+            .lock()
+            .values()
+            .filter_map(|t| t.try_lock().ok().map(|t| t.held.bytes()))
+            .sum()
+    }
+
     /// Forgets the shards not in `read` (held here again, or gone).
     pub(crate) fn keep_only(&self, read: &HashSet<ShardId>) {
         self.shards.lock().retain(|shard, _| read.contains(shard));
@@ -87,16 +121,19 @@ impl Tails {
     /// `min_generation` or later (or of none), up to the first missing
     /// position, converted to `schema`'s storage form (by field id:
     /// entries written under older schemas read with nulls in newer
-    /// columns). Fails on a read failure (after retries) or an entry that
-    /// does not decode or fit the table ([`WalError::Corrupt`]); what was
-    /// read before the failure is kept for the next read.
+    /// columns), the entries kept charged to `account`. Fails on a read
+    /// failure (after retries) or an entry that does not decode or fit the
+    /// table ([`WalError::Corrupt`]): what was read before it is kept for
+    /// the next read; or when `account` has no room for an entry
+    /// ([`TailError::OverBudget`]): nothing is kept.
     pub(crate) async fn read(
         &self,
         wal: &WalLocation,
         after: u64,
         min_generation: u64,
         schema: &TableSchema,
-    ) -> Result<TailRead, WalError> {
+        account: Option<&Arc<dyn MemoryPool>>,
+    ) -> Result<TailRead, TailError> {
         let cell = self.shards.lock().entry(wal.shard()).or_default().clone();
         let mut tail = cell.lock().await;
         if tail.after > after {
@@ -106,7 +143,20 @@ impl Tails {
         }
         tail.entries.retain(|e| e.position > after);
         tail.after = after;
-        let end = extend(&mut tail, wal).await?;
+        let what = format!("the unpublished WAL rows of shard {}", wal.shard());
+        let kept = tail.bytes();
+        if let Err(e) = tail.held.set(account, &what, kept) {
+            *tail = Tail::default();
+            return Err(TailError::OverBudget(e));
+        }
+        let end = match extend(&mut tail, wal, account, &what).await {
+            Ok(end) => end,
+            Err(e @ TailError::OverBudget(_)) => {
+                *tail = Tail::default();
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
         let storage = schema.storage_schema();
         let mut batches = Vec::new();
         for e in &mut tail.entries {
@@ -123,11 +173,13 @@ impl Tails {
                     .iter()
                     .map(|b| schema.to_storage_for_replay(b))
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|source| WalError::Corrupt {
-                        shard: wal.shard(),
-                        position: e.position,
-                        path: wal.path(e.position).to_string(),
-                        reason: format!("the entry does not fit the table's schema: {source}"),
+                    .map_err(|source| {
+                        TailError::Wal(WalError::Corrupt {
+                            shard: wal.shard(),
+                            position: e.position,
+                            path: wal.path(e.position).to_string(),
+                            reason: format!("the entry does not fit the table's schema: {source}"),
+                        })
                     })?;
                 e.rows = Some((storage.clone(), converted));
             }
@@ -140,19 +192,26 @@ impl Tails {
 }
 
 /// Reads the positions after `tail`'s last until one is missing, which it
-/// returns: one, then twice as many at a time, up to [`READ_AHEAD`].
-async fn extend(tail: &mut Tail, wal: &WalLocation) -> Result<u64, WalError> {
+/// returns: one, then twice as many at a time, up to [`READ_AHEAD`]. Each
+/// entry is charged to `account` as `what` before it is kept.
+async fn extend(
+    tail: &mut Tail,
+    wal: &WalLocation,
+    account: Option<&Arc<dyn MemoryPool>>,
+    what: &str,
+) -> Result<u64, TailError> {
     let mut next = tail
         .entries
         .last()
         .map_or(tail.after, |e| e.position)
         .saturating_add(1);
     let mut width = 1;
+    let mut kept = tail.bytes();
     loop {
         let positions: Vec<u64> = (0..width).filter_map(|i| next.checked_add(i)).collect();
         let reads = futures::future::join_all(positions.iter().map(|&p| wal.read_entry(p))).await;
         for (&position, read) in positions.iter().zip(reads) {
-            let Some(entry) = read? else {
+            let Some(entry) = read.map_err(TailError::Wal)? else {
                 return Ok(position);
             };
             metrics::counter!("memwal_server_wal_tail_entries_read_total").increment(1);
@@ -165,9 +224,15 @@ async fn extend(tail: &mut Tail, wal: &WalLocation) -> Result<u64, WalError> {
                     .filter(|b| b.num_rows() > 0)
                     .collect()
             };
+            let bytes: usize = stored.iter().map(|b| b.get_array_memory_size()).sum();
+            kept += bytes;
+            tail.held
+                .set(account, what, kept)
+                .map_err(TailError::OverBudget)?;
             tail.entries.push(Entry {
                 position,
                 generation: entry.generation,
+                bytes,
                 stored,
                 rows: None,
             });

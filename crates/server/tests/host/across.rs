@@ -449,3 +449,62 @@ async fn a_corrupt_wal_entry_of_another_hosts_shard_is_data_loss() {
     b.close().await.unwrap();
     a.close().await.unwrap();
 }
+
+// Breaks if what reads keep between queries is not charged to the pool
+// they are given (the daemon's `query_total_memory_mib`): another host's
+// unpublished WAL rows, and the indexes over this host's unflushed rows,
+// must each fail a read with RESOURCE_EXHAUSTED naming the setting when
+// the pool has no room, keeping nothing (the pool back to empty), and be
+// read, and charged while kept, once it has room. Fails without the
+// charges (the reads over the small pool succeed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_reads_keep_is_charged_to_the_query_memory() {
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let open = |b: &'static [u32]| {
+        TableHost::open_buckets("t", loc.clone(), ShardWriterConfig::default(), Some(b))
+    };
+    let a = open(&[0, 1]).await.unwrap();
+    let b = open(&[2, 3]).await.unwrap();
+    let small: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(16 << 10));
+    let roomy: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(64 << 20));
+    let ids: Vec<i64> = (0..4000).collect();
+    let (own_a, own_b): (Vec<i64>, Vec<i64>) = ids.iter().partition(|&&i| bucket(i) < 2);
+    let mut model = BTreeMap::new();
+    let refused = |e: ServerError, what: &str| {
+        let status = tonic::Status::from(e);
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
+        assert!(
+            status.message().contains("query_total_memory_mib") && status.message().contains(what),
+            "{status}"
+        );
+    };
+
+    // B's rows are only in its WAL as far as A is concerned.
+    b.write(&tagged(&own_b, "b"), false).await.unwrap();
+    put(&mut model, &own_b, "b");
+    a.charge_reads_to(small.clone());
+    refused(a.read_rows().await.unwrap_err(), "unpublished");
+    assert_eq!(small.reserved(), 0, "nothing kept after the refusal");
+    a.charge_reads_to(roomy.clone());
+    assert_eq!(as_map(&a.read_rows().await.unwrap()), model);
+    let kept = roomy.reserved();
+    assert!(kept > 0, "B's WAL rows are charged while kept");
+    // B publishes: the next read lets its WAL rows go.
+    b.flush().await.unwrap();
+    assert_eq!(as_map(&a.read_rows().await.unwrap()), model);
+    assert!(roomy.reserved() < kept, "{} of {kept}", roomy.reserved());
+
+    // A's own unflushed rows: the index the merge builds over them.
+    a.write(&tagged(&own_a, "a"), false).await.unwrap();
+    put(&mut model, &own_a, "a");
+    a.charge_reads_to(small.clone());
+    refused(a.read_rows().await.unwrap_err(), "indexing unflushed rows");
+    assert_eq!(small.reserved(), 0, "nothing kept after the refusal");
+    a.charge_reads_to(roomy.clone());
+    assert_eq!(as_map(&a.read_rows().await.unwrap()), model);
+    assert!(roomy.reserved() > 0, "the index is charged while kept");
+    b.close().await.unwrap();
+    a.close().await.unwrap();
+}
