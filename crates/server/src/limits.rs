@@ -31,11 +31,14 @@ impl Default for ShardLimits {
 
 impl ShardSet {
     /// The idle close: see [`crate::TableHost::close_idle_shards`].
-    pub(crate) async fn close_idle(&self) -> usize {
+    /// Returns how many shards closed, and each one whose close published
+    /// every row, with the version of the manifest its close left.
+    pub(crate) async fn close_idle(&self) -> (usize, Vec<(memwal::ShardId, u64)>) {
         let Some(idle) = self.limits().idle_close else {
-            return 0;
+            return (0, Vec::new());
         };
         let mut closed = 0;
+        let mut at_rest = Vec::new();
         for (key, cell) in self.cells() {
             if cell.idle_for() < idle || !matches!(cell.current(), Some(Slot::Live(_))) {
                 continue;
@@ -79,6 +82,7 @@ impl ShardSet {
             match outcome {
                 None => {
                     tracing::info!(table = %self.table(), %shard, "idle shard closed");
+                    at_rest.push((shard, w.manifest().version));
                     cell.take_writer(&w);
                     self.forget_if_empty(&key, &cell);
                 }
@@ -108,7 +112,7 @@ impl ShardSet {
                 .increment(1);
             closed += 1;
         }
-        closed
+        (closed, at_rest)
     }
 
     /// Sets every live writer's gauges again: see

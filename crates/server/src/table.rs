@@ -233,8 +233,17 @@ impl TableHost {
     /// next put for it, or the host's reopener
     /// ([`Self::spawn_reopener`]), reopens it and replays them; a
     /// fenced writer leaves it lost.
+    ///
+    /// A shard whose close published every row is remembered by reads as
+    /// at rest while its manifest stays at the version the close left (no
+    /// writer has claimed it since, so its WAL holds nothing above the
+    /// cursor): reads skip its WAL (`reader/tails.rs`).
     pub async fn close_idle_shards(&self) -> usize {
-        self.shards.close_idle().await
+        let (closed, at_rest) = self.shards.close_idle().await;
+        for (shard, version) in at_rest {
+            self.reader.closed_at_rest(shard, version);
+        }
+        closed
     }
 
     /// Sets every live writer's gauges again (the daemon's metrics drop

@@ -23,6 +23,8 @@ pub struct ShardView {
     pub spec_id: u32,
     /// The manifest's `current_generation` (the generation in memory).
     pub current_generation: u64,
+    /// The manifest's version.
+    pub version: u64,
     /// The manifest's `replay_after_wal_entry_position`: WAL entries above
     /// it may hold rows not yet published (at generations from
     /// `current_generation` on); entries at or below it are published and
@@ -135,6 +137,7 @@ pub async fn table_view(
                 shard,
                 spec_id: m.shard_spec_id,
                 current_generation: m.current_generation,
+                version: m.version,
                 replay_after: m.replay_after_wal_entry_position,
                 writer_epoch: m.writer_epoch,
                 floor,

@@ -46,6 +46,12 @@ pub(crate) struct Reader {
 }
 
 impl Reader {
+    /// `shard`'s writer here closed with every row published, leaving its
+    /// manifest at `version` (see [`tails::Tails::at_rest`]).
+    pub(crate) fn closed_at_rest(&self, shard: memwal::ShardId, version: u64) {
+        self.tails.closed_at_rest(shard, version)
+    }
+
     /// See [`crate::TableHost::charge_reads_to`].
     pub(crate) fn charge_to(
         &self,

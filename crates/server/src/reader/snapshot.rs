@@ -116,6 +116,15 @@ impl TableHost {
                 let account = &account;
                 async move {
                     let min_generation = s.current_generation.max(s.floor.saturating_add(1));
+                    let snapshot = |batches| memwal::ReadSnapshot {
+                        shard: s.shard,
+                        epoch: s.writer_epoch,
+                        published_generation: min_generation - 1,
+                        batches,
+                    };
+                    if reader.tails.at_rest(s.shard, s.version) {
+                        return Ok((snapshot(Vec::new()), false));
+                    }
                     let wal = reader.owners.wal(self.loc(), s.shard);
                     let read = reader
                         .tails
@@ -153,13 +162,7 @@ impl TableHost {
                             },
                         })?;
                     let moved = latest.is_some_and(|l| l.replay_after >= read.end);
-                    let snapshot = memwal::ReadSnapshot {
-                        shard: s.shard,
-                        epoch: s.writer_epoch,
-                        published_generation: min_generation - 1,
-                        batches: read.batches,
-                    };
-                    Ok::<_, ServerError>((snapshot, moved))
+                    Ok::<_, ServerError>((snapshot(read.batches), moved))
                 }
             });
         let read = futures::future::try_join_all(reads).await?;

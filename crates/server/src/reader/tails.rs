@@ -21,6 +21,12 @@
 //! shard's latest manifest says whether its cursor is now at or past that
 //! position, and then the read is taken again.
 //!
+//! A shard this host's writer closed with every row published is not
+//! read while its manifest stays at the version that close left
+//! ([`Tails::at_rest`]): no writer can add to its WAL without claiming it
+//! first, which writes a new version (the single-daemon case: shards
+//! closed when idle cost a read nothing).
+//!
 //! Entries never change, so those read are kept per shard (decoded, and
 //! in the table's storage schema) and the next read fetches only the
 //! positions after them; entries at or below a newer cursor are dropped.
@@ -50,6 +56,9 @@ const READ_AHEAD: u64 = 8;
 #[derive(Default)]
 pub(crate) struct Tails {
     shards: parking_lot::Mutex<HashMap<ShardId, Arc<tokio::sync::Mutex<Tail>>>>,
+    /// Shards whose writer here closed with every row published, with
+    /// the manifest version the close left.
+    rested: parking_lot::Mutex<HashMap<ShardId, u64>>,
 }
 
 /// One shard's entries above a replay cursor, every position read so far.
@@ -110,6 +119,29 @@ impl Tails {
             .values()
             .filter_map(|t| t.try_lock().ok().map(|t| t.held.bytes()))
             .sum()
+    }
+
+    /// Records that this host's writer of `shard` closed with every row
+    /// published, its manifest left at `version`.
+    pub(crate) fn closed_at_rest(&self, shard: ShardId, version: u64) {
+        self.rested.lock().insert(shard, version);
+    }
+
+    /// Whether `shard`, whose manifest is at `version`, is known to hold
+    /// nothing in its WAL above its cursor: this host's writer closed it
+    /// with every row published, leaving that very version. Any writer
+    /// that could have written since claimed the shard first, which moves
+    /// the version (then the record is dropped and the WAL read).
+    pub(crate) fn at_rest(&self, shard: ShardId, version: u64) -> bool {
+        let mut rested = self.rested.lock();
+        match rested.get(&shard) {
+            Some(&v) if v == version => true,
+            Some(_) => {
+                rested.remove(&shard);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Forgets the shards not in `read` (held here again, or gone).

@@ -508,3 +508,58 @@ async fn what_reads_keep_is_charged_to_the_query_memory() {
     b.close().await.unwrap();
     a.close().await.unwrap();
 }
+
+// Breaks if a shard this host closed when idle (every row published) is
+// still read from its WAL on every read (a GET per shard per read, for
+// nothing: no writer can add to its WAL without claiming it), or if that
+// shortcut outlives a claim: once another host claims the shards and
+// writes, a read must show its unpublished rows. Fails without the
+// at-rest record of `reader/tails.rs` (WAL GETs during the read), and
+// with the record trusted whatever the manifest version (B's rows
+// missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_closed_at_rest_here_is_not_read_from_its_wal_until_claimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let loc = bucket_table(&dir).await;
+    let faults = FaultStore::new(loc.store.clone());
+    let faulty = memwal_store::StoreLocation {
+        store: faults.clone(),
+        ..loc.clone()
+    };
+    let a = TableHost::open("t", faulty, ShardWriterConfig::default())
+        .await
+        .unwrap();
+    let ids: Vec<i64> = (0..40).collect();
+    a.write(&tagged(&ids, "a"), false).await.unwrap();
+    let mut model = BTreeMap::new();
+    put(&mut model, &ids, "a");
+    a.set_shard_limits(memwal_server::ShardLimits {
+        max_open: 8,
+        idle_close: Some(std::time::Duration::ZERO),
+    });
+    assert_eq!(a.close_idle_shards().await, 4);
+    let wal_gets = || {
+        faults
+            .ops()
+            .iter()
+            .filter(|op| op.kind == OpKind::Get && op.path.contains("/wal/"))
+            .count()
+    };
+    let before = wal_gets();
+    reads_show(&a, &model, &[0, 5, 39, 99], "closed at rest").await;
+    assert_eq!(wal_gets(), before, "no WAL read for shards closed at rest");
+
+    // B claims every shard and writes; A must read B's rows from the WAL.
+    let b = TableHost::open("t", loc.clone(), ShardWriterConfig::default())
+        .await
+        .unwrap();
+    b.write(&tagged(&ids[..10], "b"), false).await.unwrap();
+    b.write(&deletes(&[20, 21]), true).await.unwrap();
+    put(&mut model, &ids[..10], "b");
+    model.remove(&20);
+    model.remove(&21);
+    reads_show(&a, &model, &[0, 5, 20, 39], "claimed by B").await;
+    assert!(wal_gets() > before, "the claimed shards are read");
+    b.close().await.unwrap();
+    a.close().await.unwrap();
+}
