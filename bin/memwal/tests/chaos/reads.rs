@@ -75,6 +75,38 @@ async fn script_fenced_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
     (s.ops.clone(), reads)
 }
 
+/// Rule 1's bug through another daemon: a shard it holds no writer for
+/// read as published, so what its owner acknowledged and has not
+/// published yet (here an overwrite) is missing.
+async fn script_unpublished_elsewhere_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
+    let mut s = Script::new();
+    let fenced = s.daemon(if broken {
+        "broken::read_tails_skipped=return"
+    } else {
+        ""
+    });
+    assert_eq!(s.put(&fenced, 1, 1, "a", 10_000).await, Outcome::Acked);
+    // The successor claims every shard at its start, and does not flush.
+    let successor = s.daemon("");
+    assert_eq!(s.put(&successor, 2, 1, "b", 10_000).await, Outcome::Acked);
+    let mut reads = Vec::new();
+    for (sql, how) in [
+        ("SELECT id, v FROM t", "a scan"),
+        ("SELECT id, v FROM t WHERE id = 1", "a key lookup"),
+    ] {
+        let window = ReadWindow::open(&s.ops);
+        let batches = sql_rows(&fenced.flight, sql).await.unwrap();
+        reads.push(Read {
+            through: format!("another daemon, {how}"),
+            window: window.close(s.ops.len() as u64),
+            view: rows_of(&batches),
+        });
+    }
+    fenced.stop();
+    successor.stop_ok();
+    (s.ops.clone(), reads)
+}
+
 /// Rule 2's bug: a put read while its WAL write is in flight, which then
 /// loses to a new owner's claim (refused: it was never written).
 async fn script_dirty_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
@@ -146,9 +178,9 @@ async fn script_unmerged_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
 }
 
 // Breaks if the read checks stop catching a daemon that serves a fenced
-// writer's memtable, rows not yet durable, or levels unmerged, or if a
-// script stops provoking its bug (a sound daemon must pass the same
-// script).
+// writer's memtable, rows not yet durable, levels unmerged, or a shard
+// another daemon holds without its unpublished rows, or if a script stops
+// provoking its bug (a sound daemon must pass the same script).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_broken_read_is_caught() {
     for broken in [false, true] {
@@ -167,6 +199,11 @@ async fn each_broken_read_is_caught() {
                 3,
                 "levels read unmerged",
                 script_unmerged_read(broken).await,
+            ),
+            (
+                1,
+                "another writer's unpublished rows left out",
+                script_unpublished_elsewhere_read(broken).await,
             ),
         ];
         for (rule, bug, (ops, reads)) in cases {
