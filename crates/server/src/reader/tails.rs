@@ -131,16 +131,19 @@ impl Tails {
     /// nothing in its WAL above its cursor: this host's writer closed it
     /// with every row published, leaving that very version. Any writer
     /// that could have written since claimed the shard first, which moves
-    /// the version (then the record is dropped and the WAL read).
+    /// the version (then the record is dropped and the WAL read); a view
+    /// older than the close reads the WAL and keeps the record.
     pub(crate) fn at_rest(&self, shard: ShardId, version: u64) -> bool {
         let mut rested = self.rested.lock();
         match rested.get(&shard) {
             Some(&v) if v == version => true,
-            Some(_) => {
+            // Claimed since: the record is void. (An older version is a
+            // view read before the close ended; the record stands.)
+            Some(&v) if version > v => {
                 rested.remove(&shard);
                 false
             }
-            None => false,
+            _ => false,
         }
     }
 
