@@ -1,6 +1,7 @@
 //! `TableHost` on a local table: routing, partial failures, takeover.
 #![allow(clippy::unwrap_used)] // a test's unwrap failing is its answer
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
@@ -492,6 +493,51 @@ async fn identity_shards_are_capped_and_idle_ones_close() {
         .map(|(k, v)| (k, v.to_string()))
         .into();
     assert_eq!(got, want);
+}
+
+/// Deletes of `ids` (the key column only).
+fn deletes(ids: &[i64]) -> RecordBatch {
+    RecordBatch::try_from_iter(vec![(
+        "id",
+        Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
+    )])
+    .unwrap()
+}
+
+/// `ids` as lookup keys.
+fn keys(ids: &[i64]) -> Vec<datafusion::scalar::ScalarValue> {
+    ids.iter()
+        .map(|&k| datafusion::scalar::ScalarValue::Int64(Some(k)))
+        .collect()
+}
+
+/// `model` restricted to `ids`.
+fn only(model: &BTreeMap<i64, String>, ids: &[i64]) -> BTreeMap<i64, String> {
+    model
+        .iter()
+        .filter(|(k, _)| ids.contains(k))
+        .map(|(k, v)| (*k, v.clone()))
+        .collect()
+}
+
+/// Writes `tag` rows of `ids` into `model`.
+fn put(model: &mut BTreeMap<i64, String>, ids: &[i64], tag: &str) {
+    for i in ids {
+        model.insert(*i, format!("{tag}{i}"));
+    }
+}
+
+/// `loc` through a fault store (same objects): the store, and the location
+/// a host opens to have its requests seen and faulted.
+fn through_faults(
+    loc: &memwal_store::StoreLocation,
+) -> (Arc<memwal_testkit::FaultStore>, memwal_store::StoreLocation) {
+    let faults = memwal_testkit::FaultStore::new(loc.store.clone());
+    let faulty = memwal_store::StoreLocation {
+        store: faults.clone(),
+        ..loc.clone()
+    };
+    (faults, faulty)
 }
 
 /// `id -> v` of a read.

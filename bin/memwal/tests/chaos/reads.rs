@@ -42,6 +42,25 @@ pub(crate) fn read_violations(reads: &[Read], ops: &[Op]) -> Vec<String> {
         .collect()
 }
 
+/// A whole read and a lookup of key 1 through `d`, after the script's
+/// operations so far.
+async fn scan_and_lookup(s: &Script, d: &Daemon, through: &str) -> Vec<Read> {
+    let mut reads = Vec::new();
+    for (sql, how) in [
+        ("SELECT id, v FROM t", "a scan"),
+        ("SELECT id, v FROM t WHERE id = 1", "a key lookup"),
+    ] {
+        let window = ReadWindow::open(&s.ops);
+        let batches = sql_rows(&d.flight, sql).await.unwrap();
+        reads.push(Read {
+            through: format!("{through}, {how}"),
+            window: window.close(s.ops.len() as u64),
+            view: rows_of(&batches),
+        });
+    }
+    reads
+}
+
 /// Rule 1's bug through a fenced daemon: its memtable served after another
 /// daemon took its shards over, overwrote and published.
 async fn script_fenced_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
@@ -57,19 +76,7 @@ async fn script_fenced_read(broken: bool) -> (Vec<Op>, Vec<Read>) {
     assert_eq!(s.put(&successor, 2, 1, "b", 10_000).await, Outcome::Acked);
     s.flush(&successor).await;
     // A whole read and a key lookup (the script writes key 1 only).
-    let mut reads = Vec::new();
-    for (sql, how) in [
-        ("SELECT id, v FROM t", "a scan"),
-        ("SELECT id, v FROM t WHERE id = 1", "a key lookup"),
-    ] {
-        let window = ReadWindow::open(&s.ops);
-        let batches = sql_rows(&fenced.flight, sql).await.unwrap();
-        reads.push(Read {
-            through: format!("the fenced daemon, {how}"),
-            window: window.close(s.ops.len() as u64),
-            view: rows_of(&batches),
-        });
-    }
+    let reads = scan_and_lookup(&s, &fenced, "the fenced daemon").await;
     fenced.stop();
     successor.stop_ok();
     (s.ops.clone(), reads)
@@ -89,19 +96,7 @@ async fn script_unpublished_elsewhere_read(broken: bool) -> (Vec<Op>, Vec<Read>)
     // The successor claims every shard at its start, and does not flush.
     let successor = s.daemon("");
     assert_eq!(s.put(&successor, 2, 1, "b", 10_000).await, Outcome::Acked);
-    let mut reads = Vec::new();
-    for (sql, how) in [
-        ("SELECT id, v FROM t", "a scan"),
-        ("SELECT id, v FROM t WHERE id = 1", "a key lookup"),
-    ] {
-        let window = ReadWindow::open(&s.ops);
-        let batches = sql_rows(&fenced.flight, sql).await.unwrap();
-        reads.push(Read {
-            through: format!("another daemon, {how}"),
-            window: window.close(s.ops.len() as u64),
-            view: rows_of(&batches),
-        });
-    }
+    let reads = scan_and_lookup(&s, &fenced, "another daemon").await;
     fenced.stop();
     successor.stop_ok();
     (s.ops.clone(), reads)

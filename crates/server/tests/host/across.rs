@@ -7,35 +7,16 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch};
-use datafusion::scalar::ScalarValue;
 use memwal::{ShardId, ShardWriter, ShardWriterConfig};
 use memwal_server::{ServerError, TableHost};
-use memwal_testkit::{Action, FaultStore, Gate, OpKind};
+use memwal_testkit::{Action, Gate, OpKind};
 
-use super::{as_map, bucket_table, compact, rows, tagged};
-
-fn deletes(ids: &[i64]) -> RecordBatch {
-    RecordBatch::try_from_iter(vec![(
-        "id",
-        Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
-    )])
-    .unwrap()
-}
-
-fn keys(ids: &[i64]) -> Vec<ScalarValue> {
-    ids.iter().map(|&k| ScalarValue::Int64(Some(k))).collect()
-}
+use super::{
+    as_map, bucket_table, compact, deletes, keys, only, put, rows, tagged, through_faults,
+};
 
 fn bucket(id: i64) -> i32 {
     memwal_sharding::bucket_of(memwal_sharding::hash_i64(id), 4)
-}
-
-/// Writes `tag` rows of `ids` into `model`.
-fn put(model: &mut BTreeMap<i64, String>, ids: &[i64], tag: &str) {
-    for i in ids {
-        model.insert(*i, format!("{tag}{i}"));
-    }
 }
 
 /// Asserts that a whole read, a lookup of `probe` and a filtered scan
@@ -46,14 +27,9 @@ async fn reads_show(host: &TableHost, model: &BTreeMap<i64, String>, probe: &[i6
         model,
         "{what}: a whole read"
     );
-    let want: BTreeMap<i64, String> = model
-        .iter()
-        .filter(|(k, _)| probe.contains(k))
-        .map(|(k, v)| (*k, v.clone()))
-        .collect();
     assert_eq!(
         as_map(&host.lookup_rows(&keys(probe)).await.unwrap()),
-        want,
+        only(model, probe),
         "{what}: a key lookup"
     );
     let low = datafusion::prelude::col("id").lt(datafusion::prelude::lit(30i64));
@@ -143,11 +119,7 @@ async fn every_host_reads_every_hosts_acknowledged_rows() {
 async fn a_wal_tail_pruned_during_the_read_is_read_again() {
     let dir = tempfile::tempdir().unwrap();
     let loc = bucket_table(&dir).await;
-    let faults = FaultStore::new(loc.store.clone());
-    let faulty = memwal_store::StoreLocation {
-        store: faults.clone(),
-        ..loc.clone()
-    };
+    let (faults, faulty) = through_faults(&loc);
     let a = TableHost::open_buckets("t", faulty, ShardWriterConfig::default(), Some(&[0, 1]))
         .await
         .unwrap();
@@ -521,11 +493,7 @@ async fn what_reads_keep_is_charged_to_the_query_memory() {
 async fn a_shard_closed_at_rest_here_is_not_read_from_its_wal_until_claimed() {
     let dir = tempfile::tempdir().unwrap();
     let loc = bucket_table(&dir).await;
-    let faults = FaultStore::new(loc.store.clone());
-    let faulty = memwal_store::StoreLocation {
-        store: faults.clone(),
-        ..loc.clone()
-    };
+    let (faults, faulty) = through_faults(&loc);
     let a = TableHost::open("t", faulty, ShardWriterConfig::default())
         .await
         .unwrap();

@@ -5,42 +5,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int64Array, RecordBatch};
-use datafusion::scalar::ScalarValue;
 use memwal::ShardWriterConfig;
 use memwal_server::{ServerError, ShardLimits, TableHost};
 use memwal_table::TableSharding;
 use memwal_testkit::{permission_denied, Action, FaultStore, Gate, InjectError, OpKind};
 
-use super::{as_map, bucket_table, keyed_table, tagged};
-
-fn deletes(ids: &[i64]) -> RecordBatch {
-    RecordBatch::try_from_iter(vec![(
-        "id",
-        Arc::new(Int64Array::from(ids.to_vec())) as ArrayRef,
-    )])
-    .unwrap()
-}
-
-fn keys(ids: &[i64]) -> Vec<ScalarValue> {
-    ids.iter().map(|&k| ScalarValue::Int64(Some(k))).collect()
-}
-
-/// `model` restricted to `ids`.
-fn only(model: &BTreeMap<i64, String>, ids: &[i64]) -> BTreeMap<i64, String> {
-    model
-        .iter()
-        .filter(|(k, _)| ids.contains(k))
-        .map(|(k, v)| (*k, v.clone()))
-        .collect()
-}
-
-/// Writes `tag` rows of `ids` into `model`.
-fn put(model: &mut BTreeMap<i64, String>, ids: &[i64], tag: &str) {
-    for i in ids {
-        model.insert(*i, format!("{tag}{i}"));
-    }
-}
+use super::{as_map, bucket_table, deletes, keyed_table, keys, only, put, tagged};
 
 /// A refusal of the store (HTTP 403): not retried, nothing written.
 fn refused() -> Action {
