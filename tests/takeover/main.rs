@@ -7,6 +7,7 @@
 mod indexed;
 mod live;
 mod memwal_first;
+mod producers;
 mod routing;
 mod schema;
 mod support;

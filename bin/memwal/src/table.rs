@@ -296,12 +296,13 @@ pub async fn gc(
     for r in reports {
         match r {
             Ok(r) => out.push_str(&format!(
-                "shard {}: {verb} {} SSTables, {} abandoned flushes, {} WAL entries, {} manifest versions ({} objects, {} bytes), {} staged files of crashed writes\n",
+                "shard {}: {verb} {} SSTables, {} abandoned flushes, {} WAL entries, {} manifest versions, {} producer checkpoints ({} objects, {} bytes), {} staged files of crashed writes\n",
                 r.shard.map(|s| s.to_string()).unwrap_or_default(),
                 r.sstables.len(),
                 r.abandoned.len(),
                 r.wal_entries.len(),
                 r.manifest_versions.len(),
+                r.producer_checkpoints.len(),
                 r.objects,
                 r.bytes,
                 r.staged.len()

@@ -25,6 +25,11 @@
 //!   and a fenced writer's next slot is the run start that fenced it).
 //!   Epochs along the WAL never decrease, so a run start is an entry whose
 //!   epoch is above the nearest surviving entry below it.
+//! - **Producer checkpoints** (`producers/`): every one below the newest
+//!   checkpoint of a published generation (below the latest manifest's
+//!   `current_generation`), older than the grace period. A claimer reads
+//!   only that newest one (docs/design/idempotent-producers.md); ones at
+//!   or above `current_generation` may belong to a flush in flight.
 //! - **Manifest versions**: all but the newest `keep_manifest_versions`
 //!   and any younger than the grace period, deleted oldest first so the
 //!   survivors stay contiguous (discovery relies on that, and lists the
@@ -36,7 +41,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use memwal_fencing::{parse_bitrev64, ManifestStore, ShardId, ShardLayout, ShardManifest};
+use memwal_fencing::{
+    parse_bitrev64, parse_producers_file, ManifestStore, ShardId, ShardLayout, ShardManifest,
+    PRODUCERS_DIR,
+};
 use memwal_proto::MemWalIndexDetails;
 use memwal_sstable::LanceStore;
 use memwal_store::{RetryPolicy, StoreLocation};
@@ -99,6 +107,8 @@ pub struct GcReport {
     pub wal_run_starts: Vec<u64>,
     /// Manifest versions.
     pub manifest_versions: Vec<u64>,
+    /// Generations of producer checkpoints.
+    pub producer_checkpoints: Vec<u64>,
     /// Staged files (`{object}#{n}`) a crashed local write left in the
     /// shard's directory, older than the grace period (local stores only;
     /// not counted in `objects` / `bytes`).
@@ -302,6 +312,7 @@ struct ShardState {
     manifests: BTreeMap<u64, ObjectMeta>,
     wal: BTreeMap<u64, ObjectMeta>,
     dirs: BTreeMap<String, Vec<ObjectMeta>>,
+    producers: BTreeMap<u64, ObjectMeta>,
     kept: BTreeMap<u64, ShardManifest>,
 }
 
@@ -325,6 +336,7 @@ async fn shard_state(loc: &StoreLocation, config: &GcConfig, shard: ShardId) -> 
     let mut manifests: BTreeMap<u64, ObjectMeta> = BTreeMap::new();
     let mut wal: BTreeMap<u64, ObjectMeta> = BTreeMap::new();
     let mut dirs: BTreeMap<String, Vec<ObjectMeta>> = BTreeMap::new();
+    let mut producers: BTreeMap<u64, ObjectMeta> = BTreeMap::new();
     for meta in objects {
         let parts: Vec<String> = meta
             .location
@@ -343,7 +355,12 @@ async fn shard_state(loc: &StoreLocation, config: &GcConfig, shard: ShardId) -> 
                     wal.insert(p, meta);
                 }
             }
-            [d, ..] if d != "manifest" && d != "wal" => {
+            [d, file] if d == PRODUCERS_DIR => {
+                if let Some(g) = parse_producers_file(file) {
+                    producers.insert(g, meta);
+                }
+            }
+            [d, ..] if d != "manifest" && d != "wal" && d != PRODUCERS_DIR => {
                 dirs.entry(d.clone()).or_default().push(meta);
             }
             _ => {}
@@ -368,6 +385,7 @@ async fn shard_state(loc: &StoreLocation, config: &GcConfig, shard: ShardId) -> 
         manifests,
         wal,
         dirs,
+        producers,
         kept,
     })
 }
@@ -383,6 +401,7 @@ async fn collect_shard(
         manifests,
         wal,
         dirs,
+        producers,
         kept,
     } = state;
     let layout = ShardLayout::new(&loc.root, shard);
@@ -479,6 +498,20 @@ async fn collect_shard(
         }
     }
 
+    // Producer checkpoints: below the newest one of a published generation.
+    let newest_published = producers
+        .range(..latest.current_generation)
+        .next_back()
+        .map(|(&g, _)| g);
+    if let Some(newest) = newest_published {
+        for (&g, meta) in producers.range(..newest) {
+            if older_than(meta, config.grace) {
+                report.producer_checkpoints.push(g);
+                delete.push(meta.clone());
+            }
+        }
+    }
+
     // Manifest versions: a contiguous prefix, never the latest.
     let keep_from = kept
         .len()
@@ -515,6 +548,7 @@ async fn collect_shard(
         abandoned = report.abandoned.len(),
         wal_entries = report.wal_entries.len(),
         manifest_versions = report.manifest_versions.len(),
+        producer_checkpoints = report.producer_checkpoints.len(),
         bytes = report.bytes,
         "collected"
     );

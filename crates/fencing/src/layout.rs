@@ -18,6 +18,18 @@ pub fn parse_bitrev64(s: &str) -> Option<u64> {
     u64::from_str_radix(s, 2).ok().map(u64::reverse_bits)
 }
 
+/// The directory of a shard's producer checkpoints (never an SSTable's).
+pub const PRODUCERS_DIR: &str = "producers";
+
+/// The generation a producer checkpoint's file name carries.
+pub fn parse_producers_file(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".json")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Paths of one shard's objects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardLayout {
@@ -68,6 +80,18 @@ impl ShardLayout {
         self.wal_dir().join(format!("{}.arrow", bitrev64(position)))
     }
 
+    /// `{shard_dir}/producers`: the producer checkpoints
+    /// (docs/design/idempotent-producers.md).
+    pub fn producers_dir(&self) -> Path {
+        self.dir.clone().join(PRODUCERS_DIR)
+    }
+
+    /// `{shard_dir}/producers/{generation, 20 digits}.json`: the producers
+    /// table as of the end of `generation`.
+    pub fn producers_path(&self, generation: u64) -> Path {
+        self.producers_dir().join(format!("{generation:020}.json"))
+    }
+
     /// `{shard_dir}/{dir_name}` for an SSTable directory name.
     pub fn sstable_dir(&self, dir_name: &str) -> Path {
         self.dir.clone().join(dir_name)
@@ -102,6 +126,12 @@ mod tests {
             l.version_hint_path().as_ref(),
             format!("tbl/_mem_wal/{shard}/manifest/version_hint.json")
         );
+        assert_eq!(
+            l.producers_path(42).as_ref(),
+            format!("tbl/_mem_wal/{shard}/producers/00000000000000000042.json")
+        );
+        assert_eq!(parse_producers_file("00000000000000000042.json"), Some(42));
+        assert_eq!(parse_producers_file("42.json"), None);
         assert_eq!(
             l.wal_path(1).as_ref(),
             format!("tbl/_mem_wal/{shard}/wal/1{}.arrow", "0".repeat(63))

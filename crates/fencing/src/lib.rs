@@ -24,7 +24,7 @@ mod protocol;
 mod shard;
 
 pub use error::{FencingError, FencingResult};
-pub use layout::{bitrev64, parse_bitrev64, ShardLayout};
+pub use layout::{bitrev64, parse_bitrev64, parse_producers_file, ShardLayout, PRODUCERS_DIR};
 pub use manifest_store::ManifestStore;
 pub use memwal_proto::{ShardManifest, ShardStatus};
 pub use protocol::Claim;

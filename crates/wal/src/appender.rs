@@ -23,6 +23,7 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tracing::Instrument;
 
 use crate::commit::CommitTask;
+use crate::stamp::ProducerStamp;
 use crate::{WalError, WalLocation, WalResult};
 
 /// Appender settings.
@@ -113,6 +114,8 @@ impl Future for SwitchTicket {
 /// An append waiting in the queue.
 pub(crate) struct Pending {
     pub batches: Vec<RecordBatch>,
+    /// Recorded in the entry's `memwal:producers` metadata.
+    pub stamp: Option<ProducerStamp>,
     pub schema: SchemaRef,
     pub bytes: usize,
     pub generation: u64,
@@ -344,6 +347,17 @@ impl WalAppender {
     /// schema, else [`WalError::InvalidInput`]. A poisoned appender returns
     /// its poison error; a closing one [`WalError::Closed`].
     pub fn submit(&self, batches: Vec<RecordBatch>) -> WalResult<AppendTicket> {
+        self.submit_stamped(batches, None)
+    }
+
+    /// [`WalAppender::submit`], recording `stamp` (who sent the append)
+    /// in the entry that holds it: replay reads it back
+    /// ([`crate::WalEntry::producers`]).
+    pub fn submit_stamped(
+        &self,
+        batches: Vec<RecordBatch>,
+        stamp: Option<ProducerStamp>,
+    ) -> WalResult<AppendTicket> {
         let schema = validate(&batches)?;
         let bytes = batches.iter().map(RecordBatch::get_array_memory_size).sum();
         let (tx, rx) = oneshot::channel();
@@ -353,6 +367,7 @@ impl WalAppender {
             let generation = q.generation;
             q.items.push_back(Item::Append(Pending {
                 batches,
+                stamp,
                 schema,
                 bytes,
                 generation,

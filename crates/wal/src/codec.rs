@@ -1,8 +1,9 @@
 //! WAL entry bytes: one Arrow IPC stream per entry (docs/memwal-format.md "WAL").
 //!
 //! The stream's schema metadata carries `writer_epoch` (decimal),
-//! `generation` (decimal; absent in upstream's WAL-only mode) and, for a
-//! fence sentinel, `fence_sentinel = "true"`. A sentinel is an empty-schema
+//! `generation` (decimal; absent in upstream's WAL-only mode), the
+//! producer stamps of its appends when any is stamped (`memwal:producers`,
+//! [`crate::stamp`]) and, for a fence sentinel, `fence_sentinel = "true"`. A sentinel is an empty-schema
 //! stream with no batches. Decoding is strict about the stream itself (it
 //! must decode completely and end with the end-of-stream marker) and
 //! lenient about metadata it does not know.
@@ -19,6 +20,7 @@ use arrow_schema::{Schema, SchemaRef};
 use bytes::Bytes;
 use memwal_store::AlignedWriter;
 
+use crate::stamp::{self, ProducerStamp};
 use crate::{WalError, WalResult};
 
 /// Schema metadata key holding the writer's epoch (decimal string).
@@ -45,6 +47,9 @@ pub struct WalEntry {
     pub schema: SchemaRef,
     /// The rows, each batch carrying `schema`.
     pub batches: Vec<RecordBatch>,
+    /// The producer stamps of the entry's appends (empty when none was
+    /// stamped, and for every upstream entry).
+    pub producers: Vec<ProducerStamp>,
 }
 
 impl WalEntry {
@@ -70,6 +75,17 @@ pub fn encode_entry(
     epoch: u64,
     generation: Option<u64>,
     batches: &[RecordBatch],
+) -> WalResult<Bytes> {
+    encode_stamped_entry(epoch, generation, batches, &[])
+}
+
+/// [`encode_entry`] with the producer stamps of the entry's appends
+/// (recorded under `memwal:producers` when not empty).
+pub fn encode_stamped_entry(
+    epoch: u64,
+    generation: Option<u64>,
+    batches: &[RecordBatch],
+    producers: &[ProducerStamp],
 ) -> WalResult<Bytes> {
     let first = batches
         .first()
@@ -100,7 +116,11 @@ pub fn encode_entry(
     if let Some(g) = generation {
         metadata.insert(GENERATION_KEY.into(), g.to_string());
     }
-    let entry_schema = Schema::new_with_metadata(schema.fields().clone(), metadata);
+    let fields = match stamp::encode(producers) {
+        None => schema.fields().clone(),
+        Some(p) => stamp::on_last_field(schema.fields(), p),
+    };
+    let entry_schema = Schema::new_with_metadata(fields, metadata);
     let estimate: usize = batches.iter().map(|b| b.get_array_memory_size()).sum();
     write_stream(&entry_schema, batches, estimate + 1024)
 }
@@ -217,6 +237,7 @@ fn decode_unguarded(bytes: &Bytes) -> Result<WalEntry, String> {
                 .map_err(|_| format!("`{GENERATION_KEY}` is not a decimal u64: {v:?}"))?,
         ),
     };
+    let (fields, producers) = stamp::take_from_fields(raw_schema.fields())?;
     let marked = meta.get(FENCE_SENTINEL_KEY).is_some_and(|v| v == "true");
     let empty_shape = raw_schema.fields().is_empty() && raw_batches.is_empty();
     if marked && !raw_batches.is_empty() {
@@ -227,10 +248,7 @@ fn decode_unguarded(bytes: &Bytes) -> Result<WalEntry, String> {
         .filter(|(k, _)| !is_entry_key(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let schema = Arc::new(Schema::new_with_metadata(
-        raw_schema.fields().clone(),
-        clean,
-    ));
+    let schema = Arc::new(Schema::new_with_metadata(fields, clean));
     let batches = raw_batches
         .into_iter()
         .map(|b| {
@@ -248,6 +266,7 @@ fn decode_unguarded(bytes: &Bytes) -> Result<WalEntry, String> {
         is_sentinel: marked || empty_shape,
         schema,
         batches,
+        producers,
     })
 }
 
@@ -324,6 +343,46 @@ mod tests {
         assert_eq!(e.batches, batches);
         assert_eq!(e.schema, batches[0].schema());
         assert_eq!(e.num_rows(), 3);
+    }
+
+    // Breaks if stamps are not written, not read back, or leak into the
+    // rows' schema (replayed batches would differ from the put ones), or if
+    // a malformed stamp list decodes as "no stamps".
+    #[test]
+    fn producer_stamps_round_trip_outside_the_rows_schema() {
+        let batches = vec![batch(&[1, 2]), batch(&[3])];
+        let stamps = vec![
+            ProducerStamp {
+                producer: "p1".into(),
+                epoch: 1,
+                sequence: 9,
+                at_ms: 5,
+            },
+            ProducerStamp {
+                producer: "p2".into(),
+                epoch: 3,
+                sequence: 1,
+                at_ms: 6,
+            },
+        ];
+        let bytes = encode_stamped_entry(7, Some(3), &batches, &stamps).unwrap();
+        let e = decode_entry(&bytes).unwrap();
+        assert_eq!(e.producers, stamps);
+        assert_eq!(e.batches, batches);
+        assert_eq!(
+            e.schema,
+            batches[0].schema(),
+            "no stamp left in the rows' schema"
+        );
+        let plain = decode_entry(&encode_entry(7, Some(3), &batches).unwrap()).unwrap();
+        assert!(plain.producers.is_empty());
+        let mut meta = batches[0].schema().metadata().clone();
+        meta.insert(WRITER_EPOCH_KEY.into(), "1".into());
+        let fields =
+            stamp::on_last_field(batches[0].schema().fields(), "[{\"producer\":1}]".into());
+        let s = Schema::new_with_metadata(fields, meta);
+        let err = decode_entry(&stream_with(s, &batches)).unwrap_err();
+        assert!(err.contains(stamp::PRODUCERS_KEY), "{err}");
     }
 
     // Breaks if entries stop being encoded into a pooled aligned buffer:

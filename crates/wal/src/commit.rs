@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::appender::{AppendAck, GenerationSwitch, Item, Pending, Shared, WalConfig};
-use crate::codec::encode_entry;
+use crate::codec::encode_stamped_entry;
 use crate::{WalError, WalLocation, WalResult};
 
 pub(crate) struct CommitTask {
@@ -340,7 +340,8 @@ impl CommitTask {
             .iter()
             .flat_map(|p| p.batches.iter().cloned())
             .collect();
-        let bytes = match encode_entry(self.shared.epoch, generation, &all) {
+        let stamps: Vec<_> = group.iter().filter_map(|p| p.stamp.clone()).collect();
+        let bytes = match encode_stamped_entry(self.shared.epoch, generation, &all, &stamps) {
             Ok(bytes) => bytes,
             Err(e) => {
                 let reason = match e {

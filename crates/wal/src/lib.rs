@@ -3,6 +3,8 @@
 //! - [`codec`]: one Arrow IPC stream per entry with `writer_epoch`,
 //!   `generation` and `fence_sentinel` schema metadata; decodes upstream's
 //!   shapes too.
+//! - [`stamp`]: producer stamps (who sent an append, with what sequence),
+//!   recorded per entry for exactly-once retries.
 //! - [`WalAppender`]: concurrent appends with group commit; an append
 //!   resolves only once durable; positions contiguous, one PUT in flight;
 //!   collisions are resolved against the manifest (fenced, sealed, or a
@@ -33,6 +35,7 @@ mod error;
 mod location;
 mod replay;
 mod sentinel;
+pub mod stamp;
 mod tail;
 
 pub use appender::{
@@ -43,4 +46,5 @@ pub use error::{WalError, WalResult};
 pub use location::WalLocation;
 pub use replay::{replay, ReplayEntry, ReplayRange, DEFAULT_REPLAY_PREFETCH};
 pub use sentinel::{seal_and_fence, write_fence_sentinel};
+pub use stamp::{check_producer_id, ProducerStamp};
 pub use tail::{find_tail, find_tail_for};

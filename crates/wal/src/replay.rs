@@ -23,6 +23,8 @@ pub struct ReplayEntry {
     pub schema: SchemaRef,
     /// The rows.
     pub batches: Vec<RecordBatch>,
+    /// The producer stamps of its appends.
+    pub producers: Vec<crate::ProducerStamp>,
 }
 
 /// What [`replay`] reads: positions `after + 1 .. until` of one shard.
@@ -172,6 +174,7 @@ impl ReplayState {
             generation: entry.generation,
             schema: entry.schema,
             batches: entry.batches,
+            producers: entry.producers,
         }))
     }
 }

@@ -115,6 +115,11 @@ pub struct ShardWriterConfig {
     /// failed SSTable writes and publishes get at most
     /// `flush_retry.max_attempts` attempts. Default 60 s.
     pub close_timeout: Duration,
+    /// A producer (of puts with a [`crate::ProducerSeq`]) that wrote
+    /// nothing to the shard for this long is forgotten at the next
+    /// checkpoint: a retry of its sequences after that is written again.
+    /// Default 7 days.
+    pub producer_expiry: Duration,
 }
 
 impl Default for ShardWriterConfig {
@@ -137,6 +142,7 @@ impl Default for ShardWriterConfig {
             },
             backpressure_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(60),
+            producer_expiry: Duration::from_secs(7 * 24 * 3600),
             replay_publish: ReplayPublish::InBackground,
             sstable_compression: SsTableCompression::Off,
         }
@@ -189,6 +195,9 @@ impl ShardWriterConfig {
         }
         if self.flush_concurrency == 0 {
             return bad("flush_concurrency must be >= 1".into());
+        }
+        if self.producer_expiry.is_zero() {
+            return bad("producer_expiry must be > 0".into());
         }
         if self.close_timeout.is_zero() {
             return bad("close_timeout must be > 0".into());

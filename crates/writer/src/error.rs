@@ -59,6 +59,20 @@ pub enum Error {
         #[source]
         source: Option<Source>,
     },
+    /// A put with a producer sequence ([`crate::ProducerSeq`]) was refused:
+    /// the producer's epoch is older than one it already wrote with here
+    /// (a newer incarnation fenced it), or the sequence leaves a gap
+    /// (`expected` names the next sequence the shard takes). Nothing was
+    /// written; the writer stays usable.
+    #[error("producer {producer} refused: {reason}")]
+    ProducerRefused {
+        /// The producer's id.
+        producer: String,
+        /// Why.
+        reason: String,
+        /// For a gap: the sequence expected next.
+        expected: Option<u64>,
+    },
     /// Unflushed data reached `max_unflushed_bytes` and no flush made room
     /// within the backpressure timeout. Nothing was written; retry later.
     #[error("backpressure: {reason}")]
@@ -120,9 +134,13 @@ impl Error {
     }
 
     /// True when the error leaves the writer unusable (every later call
-    /// fails): everything but [`Error::InvalidInput`] and [`Error::Backpressure`].
+    /// fails): everything but [`Error::InvalidInput`],
+    /// [`Error::ProducerRefused`] and [`Error::Backpressure`].
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, Self::InvalidInput { .. } | Self::Backpressure { .. })
+        !matches!(
+            self,
+            Self::InvalidInput { .. } | Self::ProducerRefused { .. } | Self::Backpressure { .. }
+        )
     }
 
     pub(crate) fn invalid(reason: impl Into<String>) -> Self {

@@ -12,6 +12,8 @@ use memwal_store::RetryPolicy;
 use memwal_wal::SwitchTicket;
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::checkpoint;
+use crate::producers::Producers;
 use crate::state::{Inner, Job, JobOutput};
 use crate::{Error, Result};
 
@@ -80,18 +82,45 @@ async fn backoff(inner: &Inner, retry: &RetryPolicy, attempt: u32) -> bool {
 
 /// A live generation's job: writes its SSTable (see [`write_retrying`]),
 /// then learns from the WAL generation switch the last position the
-/// generation covers.
+/// generation covers; once every append of the generation is durable
+/// (the switch resolved), writes its producer checkpoint (`producers`:
+/// the table as of its freeze; `None`, none written).
 pub(crate) async fn job(
     inner: Arc<Inner>,
     generation: u64,
     memtable: FrozenMemTable,
     ticket: SwitchTicket,
+    producers: Option<Producers>,
 ) -> Result<JobOutput> {
     let written = write_retrying(&inner, generation, &memtable).await?;
     let switch = ticket
         .await
         .map_err(|e| Error::from_wal(e, "WAL generation switch"))?;
+    if let Some(p) = producers {
+        checkpoint_retrying(&inner, generation, &p).await?;
+    }
     Ok((switch.last_position, Some(written)))
+}
+
+/// Writes `generation`'s producer checkpoint, retrying with backoff as
+/// SSTable writes are.
+async fn checkpoint_retrying(
+    inner: &Arc<Inner>,
+    generation: u64,
+    producers: &Producers,
+) -> Result<()> {
+    let bytes = checkpoint::encode(producers, generation).await?;
+    let mut attempt = 0;
+    loop {
+        if inner.life.is_stopping() {
+            return Err(Error::closed("the writer stopped"));
+        }
+        attempt += 1;
+        match checkpoint::write(&inner.storage, generation, bytes.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) => after_failure(inner, e, attempt).await?,
+        }
+    }
 }
 
 /// A replayed generation's job: its last WAL position is known from the
@@ -102,7 +131,11 @@ pub(crate) async fn replayed_job(
     generation: u64,
     memtable: FrozenMemTable,
     last_position: u64,
+    producers: Option<Producers>,
 ) -> Result<JobOutput> {
+    if let Some(p) = producers {
+        checkpoint_retrying(&inner, generation, &p).await?;
+    }
     if memtable.is_empty() {
         return Ok((last_position, None));
     }

@@ -44,12 +44,14 @@
 // flusher, backpressure -> write_path -> put, replay, evolve -> open ->
 // writer (the public handle, imported by nobody).
 mod backpressure;
+mod checkpoint;
 mod config;
 mod error;
 mod evolve;
 mod flusher;
 mod lifecycle;
 mod open;
+mod producers;
 mod put;
 mod replay;
 mod resolve;
@@ -68,6 +70,7 @@ pub use memwal_fencing::{ShardId, ShardIdentity, ShardManifest};
 pub use memwal_sstable::SsTableCompression;
 pub use memwal_store::{RetryPolicy, StoreLocation};
 pub use open::TableLocation;
+pub use producers::{Acked, Gaps, ProducerSeq, WINDOW as PRODUCER_WINDOW};
 pub use put::PutHandle;
 pub use stats::WriterStats;
 pub use writer::{PreparedPut, ReadSnapshot, ShardWriter};

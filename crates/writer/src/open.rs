@@ -167,7 +167,12 @@ async fn open_inner(
     );
     let mut guard = Abandon(Some(inner.clone()));
 
-    // 4. Replay (on failure or cancellation, `guard` stops the tasks).
+    // 4. The producers table as of the last published generation, then
+    //    replay (on failure or cancellation, `guard` stops the tasks).
+    let published = manifest.current_generation.saturating_sub(1);
+    let mut producers = crate::checkpoint::load(&inner.storage, published).await?;
+    producers.expire(crate::producers::now_ms(), config.producer_expiry);
+    inner.state.lock().producers = producers;
     let generation = crate::replay::replay_wal(&inner, &manifest)
         .instrument(tracing::info_span!("replay", epoch, sentinel))
         .await?;

@@ -10,9 +10,10 @@ use tokio::time::Instant;
 
 use arrow_array::RecordBatch;
 use memwal_memtable::{batch_payload_bytes, TableSchema, TOMBSTONE_COLUMN};
-use memwal_wal::{AppendTicket, WalError};
+use memwal_wal::{AppendTicket, ProducerStamp, WalError};
 use tracing::Instrument;
 
+use crate::producers::{self, Acked, Admit, Gaps, Landing, ProducerSeq, SharedTicket};
 use crate::resolve::Routing;
 use crate::state::{Inner, State};
 use crate::write_path;
@@ -26,11 +27,29 @@ use crate::{Error, Result};
 /// here leaves the writer terminal (the WAL appender is poisoned).
 #[must_use = "a put is acknowledged only when its handle resolves"]
 pub struct PutHandle {
-    ticket: AppendTicket,
+    ticket: Ticket,
     inner: Arc<Inner>,
     rows: usize,
     bytes: usize,
     started: Instant,
+}
+
+/// A put's WAL ticket: its own, or shared with the producers table (a
+/// retry of the same sequence awaits it too).
+pub(crate) enum Ticket {
+    Own(AppendTicket),
+    Shared(SharedTicket),
+}
+
+impl Future for Ticket {
+    type Output = std::result::Result<memwal_wal::AppendAck, WalError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.get_mut() {
+            Ticket::Own(t) => Pin::new(t).poll(cx),
+            Ticket::Shared(t) => Pin::new(t).poll(cx),
+        }
+    }
 }
 
 impl std::fmt::Debug for PutHandle {
@@ -186,6 +205,29 @@ fn check_shard(routing: Option<&Routing>, storage: &RecordBatch) -> Result<()> {
 /// memory is made sure to be on its way out (frozen) and the put waits
 /// for a publish, up to `backpressure_timeout`.
 pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<PutHandle> {
+    match submit_as(inner, storage, None).await? {
+        Submitted::Written(handle) => Ok(handle),
+        Submitted::Duplicate(_) => Err(Error::corrupt("a put without a producer was a duplicate")),
+    }
+}
+
+/// What [`submit_as`] did.
+pub(crate) enum Submitted {
+    /// Appended: the handle resolves once durable.
+    Written(PutHandle),
+    /// The producer's sequence was written before: nothing was appended.
+    Duplicate(Option<Landing>),
+}
+
+/// [`submit`] for a put that may carry a producer sequence: admitted by
+/// the producers table under the state lock before anything else (a
+/// duplicate or a refusal never waits for room), then stamped into the
+/// WAL entry and recorded in the same critical section as the append.
+pub(crate) async fn submit_as(
+    inner: &Arc<Inner>,
+    storage: RecordBatch,
+    seq: Option<(&ProducerSeq, Gaps)>,
+) -> Result<Submitted> {
     let span = tracing::debug_span!("append", rows = storage.num_rows());
     async {
         let started = Instant::now();
@@ -198,9 +240,24 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
                 if let Err(e) = st.check_usable() {
                     return Some(Err(e));
                 }
+                if let Some((seq, gaps)) = seq {
+                    match st.producers.admit(seq, gaps) {
+                        Ok(Admit::New) => {}
+                        Ok(Admit::Duplicate(landing)) => {
+                            inner.storage.meters.producer_duplicates.increment(1);
+                            return Some(Ok(Err(landing)));
+                        }
+                        Err(e) => {
+                            inner.storage.meters.producer_refusals.increment(1);
+                            return Some(Err(e));
+                        }
+                    }
+                }
                 if st.unflushed_bytes() < inner.config.max_unflushed_bytes {
                     // Taken once: the wait ends with this check's answer.
-                    return storage.take().map(|b| append_now(inner, st, b, bytes));
+                    return storage
+                        .take()
+                        .map(|b| append_now(inner, st, b, bytes, seq.map(|(s, _)| s)).map(Ok));
                 }
                 if let Err(e) = write_path::freeze_locked(inner, st, "backpressure") {
                     return Some(Err(e));
@@ -212,20 +269,63 @@ pub(crate) async fn submit(inner: &Arc<Inner>, storage: RecordBatch) -> Result<P
                 None
             })
             .await?;
-        let Some((ticket, rows)) = appended else {
-            inner.storage.meters.backpressure_timeouts.increment(1);
-            return Err(crate::backpressure::error(inner));
+        let (ticket, rows) = match appended {
+            Some(Ok(appended)) => appended,
+            Some(Err(landing)) => return Ok(Submitted::Duplicate(landing)),
+            None => {
+                inner.storage.meters.backpressure_timeouts.increment(1);
+                return Err(crate::backpressure::error(inner));
+            }
         };
-        Ok(PutHandle {
+        Ok(Submitted::Written(PutHandle {
             ticket,
             inner: inner.clone(),
             rows,
             bytes,
             started,
-        })
+        }))
     }
     .instrument(span)
     .await
+}
+
+/// [`submit_as`], then waits until the rows are durable (or, for a
+/// duplicate, until the original append is).
+pub(crate) async fn put_as(
+    inner: &Arc<Inner>,
+    storage: RecordBatch,
+    seq: &ProducerSeq,
+    gaps: Gaps,
+) -> Result<Acked> {
+    memwal_wal::check_producer_id(&seq.producer).map_err(Error::invalid)?;
+    match submit_as(inner, storage, Some((seq, gaps))).await? {
+        Submitted::Written(handle) => Ok(Acked {
+            position: Some(handle.await?),
+            duplicate: false,
+        }),
+        Submitted::Duplicate(None) => Ok(Acked {
+            position: None,
+            duplicate: true,
+        }),
+        Submitted::Duplicate(Some(Landing::At(p))) => Ok(Acked {
+            position: Some(p),
+            duplicate: true,
+        }),
+        // The original is still being written: acknowledged with it (its
+        // failure made the writer terminal; that error is returned).
+        Submitted::Duplicate(Some(Landing::InFlight(ticket))) => match ticket.await {
+            Ok(ack) => Ok(Acked {
+                position: Some(ack.position),
+                duplicate: true,
+            }),
+            Err(e) => Err(inner
+                .state
+                .lock()
+                .terminal
+                .clone()
+                .unwrap_or_else(|| Error::from_wal(e, "WAL append of the original put"))),
+        },
+    }
 }
 
 /// The append itself, under the state lock: the batch in the active
@@ -235,9 +335,16 @@ fn append_now(
     st: &mut State,
     storage: RecordBatch,
     bytes: usize,
-) -> Result<(AppendTicket, usize)> {
+    seq: Option<&ProducerSeq>,
+) -> Result<(Ticket, usize)> {
     let storage = write_path::current_form(st, storage)?;
-    let ticket = write_path::append_locked(inner, st, &storage, bytes)?;
+    let stamp = seq.map(|s| ProducerStamp {
+        producer: s.producer.clone(),
+        epoch: s.epoch,
+        sequence: s.sequence,
+        at_ms: producers::now_ms(),
+    });
+    let ticket = write_path::append_locked(inner, st, &storage, bytes, stamp)?;
     inner.record_unflushed(st);
     Ok((ticket, storage.num_rows()))
 }

@@ -10,6 +10,7 @@ use memwal_memtable::MemTable;
 use memwal_wal::{replay, ReplayRange, WalLocation, DEFAULT_REPLAY_PREFETCH};
 
 use crate::config::ReplayPublish;
+use crate::producers::Producers;
 use crate::state::Inner;
 use crate::write_path;
 use crate::{Error, Result};
@@ -51,7 +52,10 @@ pub(crate) async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> 
     // Entries are matched to the schema the writer opened with by field id
     // (an entry written before a column was added or dropped replays:
     // missing columns null, dropped ones ignored).
-    let schema = inner.state.lock().active.schema().clone();
+    let (schema, mut producers) = {
+        let st = inner.state.lock();
+        (st.active.schema().clone(), st.producers.clone())
+    };
     let mut next_generation = manifest.current_generation.max(1);
     let mut current: Option<Rebuild> = None;
     while let Some(entry) = entries.next().await {
@@ -63,7 +67,13 @@ pub(crate) async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> 
         });
         if current.as_ref().is_some_and(|c| c.generation != generation) {
             let done = current.take().expect("checked");
-            next_generation = next_generation.max(queue_replayed(inner, done).await?);
+            next_generation =
+                next_generation.max(queue_replayed(inner, done, producers.clone()).await?);
+        }
+        // Applied after the previous generation was queued: its table (its
+        // checkpoint) holds the stamps of its own entries and older ones.
+        for stamp in &entry.producers {
+            producers.replayed(stamp, entry.position);
         }
         let rebuild = current.get_or_insert_with(|| Rebuild {
             generation,
@@ -103,8 +113,11 @@ pub(crate) async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> 
         }
     }
     if let Some(done) = current {
-        next_generation = next_generation.max(queue_replayed(inner, done).await?);
+        next_generation =
+            next_generation.max(queue_replayed(inner, done, producers.clone()).await?);
     }
+    // The table every put from now on is admitted by.
+    inner.state.lock().producers = producers;
     Ok(next_generation)
 }
 
@@ -113,7 +126,15 @@ pub(crate) async fn replay_wal(inner: &Arc<Inner>, manifest: &ShardManifest) -> 
 /// hold at most `max_unflushed_bytes` (or, with
 /// [`ReplayPublish::BeforeOpenReturns`], until it is published). Returns
 /// the generation after it.
-async fn queue_replayed(inner: &Arc<Inner>, done: Rebuild) -> Result<u64> {
+///
+/// `producers` is the table as of the end of the generation (the loaded
+/// checkpoint plus every stamp replayed up to its last entry): its
+/// checkpoint.
+async fn queue_replayed(
+    inner: &Arc<Inner>,
+    done: Rebuild,
+    mut producers: Producers,
+) -> Result<u64> {
     let generation = done.generation;
     let next = generation.checked_add(1).ok_or_else(|| {
         Error::corrupt(format!(
@@ -124,11 +145,13 @@ async fn queue_replayed(inner: &Arc<Inner>, done: Rebuild) -> Result<u64> {
         let mut st = inner.state.lock();
         st.check_usable()?;
         let memtable = done.memtable.freeze();
+        let producers = crate::write_path::expired(inner, &mut producers).then_some(producers);
         let job = crate::flusher::replayed_job(
             inner.clone(),
             generation,
             memtable.clone(),
             done.last_position,
+            producers,
         );
         write_path::enqueue(inner, &mut st, generation, memtable, job, false)?;
         tracing::debug!(

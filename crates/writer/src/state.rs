@@ -92,6 +92,9 @@ pub(crate) struct State {
     /// The error every call returns once set (the first one wins).
     pub terminal: Option<Error>,
     pub last_flush_error: Option<String>,
+    /// The producers table puts with a producer sequence are admitted by
+    /// (`producers.rs`): changed only here, with each stamped submit.
+    pub producers: crate::producers::Producers,
     /// Feeds the flusher, in generation order; `None` once terminal.
     pub jobs: Option<tokio::sync::mpsc::UnboundedSender<Job>>,
 }
@@ -209,6 +212,7 @@ impl Inner {
                 published_generation: manifest.current_generation.saturating_sub(1),
                 terminal: None,
                 last_flush_error: None,
+                producers: Default::default(),
                 jobs: Some(jobs_tx),
             }),
             manifest: Mutex::new(manifest),

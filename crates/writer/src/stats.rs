@@ -33,6 +33,16 @@ pub mod names {
     /// cannot build under `maintain_all_indexes`, a listed index the base
     /// lacks, a column the writer's schema lacks); once per index name.
     pub const INDEXES_SKIPPED: &str = "memwal_writer_indexes_skipped_total";
+    /// Counter: puts with a producer sequence found written before
+    /// (acknowledged again, nothing written).
+    pub const PRODUCER_DUPLICATES: &str = "memwal_writer_producer_duplicates_total";
+    /// Counter: puts with a producer sequence refused (fenced producer
+    /// epoch, or a gap).
+    pub const PRODUCER_REFUSALS: &str = "memwal_writer_producer_refusals_total";
+    /// Counter: producer checkpoints written.
+    pub const PRODUCER_CHECKPOINTS: &str = "memwal_writer_producer_checkpoints_total";
+    /// Gauge: producers known at the shard.
+    pub const PRODUCERS: &str = "memwal_writer_producers";
     /// Counter: moves onto a new version of the table's schema.
     pub const SCHEMA_CHANGES: &str = "memwal_writer_schema_changes_total";
 }
@@ -55,6 +65,10 @@ pub(crate) struct Meters {
     pub fenced: metrics::Counter,
     pub indexes_skipped: metrics::Counter,
     pub schema_changes: metrics::Counter,
+    pub producer_duplicates: metrics::Counter,
+    pub producer_refusals: metrics::Counter,
+    pub producer_checkpoints: metrics::Counter,
+    pub producers: metrics::Gauge,
 }
 
 impl std::fmt::Debug for Meters {
@@ -84,6 +98,10 @@ impl Meters {
             fenced: metrics::counter!(names::FENCED, &l()),
             indexes_skipped: metrics::counter!(names::INDEXES_SKIPPED, &l()),
             schema_changes: metrics::counter!(names::SCHEMA_CHANGES, &l()),
+            producer_duplicates: metrics::counter!(names::PRODUCER_DUPLICATES, &l()),
+            producer_refusals: metrics::counter!(names::PRODUCER_REFUSALS, &l()),
+            producer_checkpoints: metrics::counter!(names::PRODUCER_CHECKPOINTS, &l()),
+            producers: metrics::gauge!(names::PRODUCERS, &l()),
             shard,
         }
     }

@@ -150,6 +150,7 @@ impl Harness {
             generation,
             memtable.clone(),
             generation,
+            None,
         );
         crate::write_path::enqueue(&self.inner, &mut st, generation, memtable, job, false).unwrap();
     }

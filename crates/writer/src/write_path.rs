@@ -21,10 +21,11 @@ use std::time::Duration;
 
 use arrow_array::RecordBatch;
 use memwal_memtable::{FrozenMemTable, MemTable};
-use memwal_wal::AppendTicket;
+use memwal_wal::ProducerStamp;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::put::Ticket;
 use crate::state::{Frozen, Inner, Job, JobOutput, State};
 use crate::{Error, Result};
 
@@ -61,12 +62,18 @@ pub(crate) fn current_form(st: &State, storage: RecordBatch) -> Result<RecordBat
 /// `memtable_max_bytes` freezes it first, so every generation's rows fit
 /// within `memtable_max_bytes` (<= `max_unflushed_bytes`) and replay under
 /// the same config never refuses what was acknowledged.
+///
+/// A `stamp` (the put's producer sequence) is recorded in the WAL entry
+/// and in the producers table in the same critical section, before any
+/// freeze the insert triggers: the table a generation's checkpoint is
+/// taken from holds exactly the appends submitted up to its freeze.
 pub(crate) fn append_locked(
     inner: &Arc<Inner>,
     st: &mut State,
     storage: &RecordBatch,
     bytes: usize,
-) -> Result<AppendTicket> {
+    stamp: Option<ProducerStamp>,
+) -> Result<Ticket> {
     let active_payload = st.active.memory_usage().payload_bytes;
     if !st.active.is_empty()
         && active_payload.saturating_add(bytes) > inner.config.memtable_max_bytes
@@ -79,7 +86,7 @@ pub(crate) fn append_locked(
             .clone()
             .unwrap_or_else(|| Error::closed("no WAL appender")));
     };
-    let ticket = match appender.submit(vec![storage.clone()]) {
+    let ticket = match appender.submit_stamped(vec![storage.clone()], stamp.clone()) {
         Ok(t) => t,
         Err(e) => {
             let err = Error::from_wal(e, "WAL submit");
@@ -87,6 +94,14 @@ pub(crate) fn append_locked(
                 inner.fail_locked(st, err.clone());
             }
             return Err(err);
+        }
+    };
+    let ticket = match stamp {
+        None => Ticket::Own(ticket),
+        Some(stamp) => {
+            let shared = crate::producers::share(ticket);
+            st.producers.submitted(&stamp, shared.clone());
+            Ticket::Shared(shared)
         }
     };
     if let Err(e) = st.active.insert(storage) {
@@ -145,8 +160,36 @@ pub(crate) fn freeze_locked(
     st.active_since = None;
     inner.storage.meters.freeze(reason);
     tracing::debug!(generation, reason, "memtable frozen");
-    let job = crate::flusher::job(inner.clone(), generation, memtable.clone(), ticket);
+    let producers = producers_as_of_freeze(inner, st);
+    let job = crate::flusher::job(
+        inner.clone(),
+        generation,
+        memtable.clone(),
+        ticket,
+        producers,
+    );
     enqueue(inner, st, generation, memtable, job, true)
+}
+
+/// The producers table as the generation just frozen leaves it, for its
+/// checkpoint (idle producers expired first); `None` while no producer
+/// was ever known at the shard (no checkpoint is written).
+pub(crate) fn producers_as_of_freeze(
+    inner: &Inner,
+    st: &mut State,
+) -> Option<crate::producers::Producers> {
+    expired(inner, &mut st.producers).then(|| st.producers.clone())
+}
+
+/// Expires `producers` idle for `producer_expiry`; whether a checkpoint
+/// is to be written of them (any producer was ever known at the shard).
+pub(crate) fn expired(inner: &Inner, producers: &mut crate::producers::Producers) -> bool {
+    if !producers.is_seen() {
+        return false;
+    }
+    producers.expire(crate::producers::now_ms(), inner.config.producer_expiry);
+    inner.storage.meters.producers.set(producers.len() as f64);
+    true
 }
 
 /// Queues frozen generation `generation`: its SSTable job (`job`) starts

@@ -13,6 +13,7 @@ use memwal_memtable::TableSchema;
 use crate::config::ShardWriterConfig;
 use crate::lifecycle::Phase;
 use crate::open::TableLocation;
+use crate::producers::{Acked, Gaps, ProducerSeq};
 use crate::put::PutHandle;
 use crate::state::Inner;
 use crate::stats::WriterStats;
@@ -200,15 +201,72 @@ impl ShardWriter {
     /// and waits until it is durable, as [`Self::put`]. A batch prepared
     /// by another shard's writer is refused ([`Error::InvalidInput`]).
     pub async fn put_prepared(&self, prepared: PreparedPut) -> Result<u64> {
+        self.check_prepared(&prepared)?;
+        crate::put::submit(&self.inner, prepared.storage)
+            .await?
+            .await
+    }
+
+    /// [`Self::put`] for an idempotent producer: writes `batch` as
+    /// `seq.sequence` of producer `seq.producer` unless that sequence is
+    /// already written at this shard, so a producer that retries every
+    /// unknown outcome (with the same sequence, in order) writes each
+    /// batch exactly once, across writer restarts, takeovers and
+    /// flushes (docs/design/idempotent-producers.md).
+    ///
+    /// - A sequence at or below the producer's last one here is a
+    ///   duplicate: nothing is written; [`Acked::duplicate`] with the
+    ///   original WAL position (once that is durable; `None` when it is
+    ///   older than the producer's last [`crate::PRODUCER_WINDOW`]).
+    /// - An epoch below the one the producer last wrote with here, or a
+    ///   sequence past `last + 1`, is [`Error::ProducerRefused`] (nothing
+    ///   written, writer usable).
+    /// - A producer not known here (first write, or expired after
+    ///   `producer_expiry`) may start at any sequence.
+    ///
+    /// The batch of a retry must be the same as the original's: only the
+    /// sequence is compared.
+    pub async fn put_idempotent(&self, batch: &RecordBatch, seq: &ProducerSeq) -> Result<Acked> {
+        let storage = crate::put::validate_put(&self.inner, batch)?;
+        crate::put::put_as(&self.inner, storage, seq, Gaps::Refused).await
+    }
+
+    /// [`Self::delete`] for an idempotent producer, as
+    /// [`Self::put_idempotent`].
+    pub async fn delete_idempotent(&self, keys: &RecordBatch, seq: &ProducerSeq) -> Result<Acked> {
+        let storage = crate::put::validate_delete(&self.inner, keys)?;
+        crate::put::put_as(&self.inner, storage, seq, Gaps::Refused).await
+    }
+
+    /// [`Self::put_prepared`] for an idempotent producer, as
+    /// [`Self::put_idempotent`]; with [`Gaps::Allowed`] a sequence past
+    /// `last + 1` is written (the caller sends this shard a part of the
+    /// producer's sequence and checks gaps itself).
+    pub async fn put_prepared_as(
+        &self,
+        prepared: PreparedPut,
+        seq: &ProducerSeq,
+        gaps: Gaps,
+    ) -> Result<Acked> {
+        self.check_prepared(&prepared)?;
+        crate::put::put_as(&self.inner, prepared.storage, seq, gaps).await
+    }
+
+    /// The epoch and last sequence this shard records for `producer`
+    /// (`None`: not known here), e.g. for a restarted producer to learn
+    /// where it stands.
+    pub fn producer_state(&self, producer: &str) -> Option<(u64, u64)> {
+        self.inner.state.lock().producers.last(producer)
+    }
+
+    fn check_prepared(&self, prepared: &PreparedPut) -> Result<()> {
         if prepared.shard != self.inner.shard {
             return Err(Error::invalid(format!(
                 "a batch prepared for shard {} handed to shard {}",
                 prepared.shard, self.inner.shard
             )));
         }
-        crate::put::submit(&self.inner, prepared.storage)
-            .await?
-            .await
+        Ok(())
     }
 
     /// A consistent read of what this writer holds, for readers that add

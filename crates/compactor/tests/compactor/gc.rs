@@ -455,3 +455,37 @@ async fn gc_removes_staged_files_a_crash_left() {
     w.close().await.unwrap();
     assert_model(&f.view_rows().await, &model, "the view after GC");
 }
+
+// Breaks if GC keeps every producer checkpoint forever, or deletes the one
+// a claimer reads (the newest of a published generation): the reopened
+// writer would then write a retried sequence again (key 1 back to "p1").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_keeps_only_the_newest_published_producer_checkpoint() {
+    let f = Fixture::new(true, TableSharding::Unsharded).await;
+    let w = f.writer(None).await;
+    let shard = w.shard();
+    let producer = |s| memwal::ProducerSeq::new("p", 1, s);
+    for s in 1..=3u64 {
+        let tag = format!("p{s}");
+        w.put_idempotent(&rows(&[1], &tag), &producer(s))
+            .await
+            .unwrap();
+        w.flush().await.unwrap();
+    }
+    w.close().await.unwrap();
+    let r = gc(&f, &now_config()).await;
+    assert_eq!(r.producer_checkpoints, vec![1, 2], "{r:?}");
+    let again = gc(&f, &now_config()).await;
+    assert!(again.producer_checkpoints.is_empty(), "{again:?}");
+    let w = f.open(shard, None).await;
+    let retried = w
+        .put_idempotent(&rows(&[1], "p1"), &producer(1))
+        .await
+        .unwrap();
+    assert!(
+        retried.duplicate,
+        "the kept checkpoint still knows sequence 1"
+    );
+    assert_eq!(w.producer_state("p"), Some((1, 3)));
+    w.close().await.unwrap();
+}

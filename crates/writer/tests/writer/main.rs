@@ -10,6 +10,7 @@ mod fencing;
 mod input;
 mod lifecycle;
 mod ordering;
+mod producers;
 mod reads;
 mod replay;
 mod replay_background;
