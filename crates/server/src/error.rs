@@ -69,6 +69,22 @@ pub enum ServerError {
         /// The parts that failed.
         failed: Vec<FailedPart>,
     },
+    /// An idempotent producer's batch was refused before anything was
+    /// written: its epoch is older than one it already wrote with
+    /// (fenced), or its sequence leaves a gap (`expected` names the next
+    /// sequence taken; also in the status metadata
+    /// `memwal-expected-sequence`). `FAILED_PRECONDITION`.
+    #[error("table `{table}`: producer {producer} refused: {reason}")]
+    Producer {
+        /// The table.
+        table: String,
+        /// The producer's id.
+        producer: String,
+        /// Why.
+        reason: String,
+        /// For a gap: the sequence expected next.
+        expected: Option<u64>,
+    },
     /// The daemon is stopping: the table's shards are closing and take no
     /// more rows. Nothing was written.
     #[error("table `{table}`: the daemon is stopping; no more rows are taken")]
@@ -172,7 +188,10 @@ pub struct FailedPart {
 fn durable_text(parts: &[crate::PartAck]) -> String {
     parts
         .iter()
-        .map(|p| format!("{}: {} rows at {}", p.shard, p.rows, p.wal_position))
+        .map(|p| match p.wal_position {
+            Some(at) => format!("{}: {} rows at {at}", p.shard, p.rows),
+            None => format!("{}: {} rows (written before)", p.shard, p.rows),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -208,6 +227,10 @@ impl ServerError {
     }
 }
 
+/// Metadata key of a refused producer batch's status: the sequence the
+/// daemon (or a shard) expects next (decimal).
+pub const EXPECTED_SEQUENCE_KEY: &str = "memwal-expected-sequence";
+
 /// Metadata keys of a partial outcome's status.
 pub const DURABLE_PARTS_KEY: &str = "memwal-durable-parts";
 /// See [`DURABLE_PARTS_KEY`].
@@ -242,6 +265,17 @@ impl From<ServerError> for Status {
                 metadata.insert(FAILED_PARTS_KEY, v);
             }
         }
+        let expected = match &e {
+            ServerError::Producer { expected, .. } => *expected,
+            ServerError::Writer {
+                source: memwal::Error::ProducerRefused { expected, .. },
+                ..
+            } => *expected,
+            _ => None,
+        };
+        if let Some(v) = expected.and_then(|n| n.to_string().parse().ok()) {
+            metadata.insert(EXPECTED_SEQUENCE_KEY, v);
+        }
         Status::with_metadata(code, e.to_string(), metadata)
     }
 }
@@ -261,7 +295,9 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
         | ServerError::OverBudget { .. } => Code::ResourceExhausted,
         ServerError::UnknownTable(_) => Code::NotFound,
         ServerError::InvalidInput { .. } => Code::InvalidArgument,
-        ServerError::ServedElsewhere { .. } => Code::FailedPrecondition,
+        ServerError::ServedElsewhere { .. } | ServerError::Producer { .. } => {
+            Code::FailedPrecondition
+        }
         ServerError::Setup { .. } => Code::Internal,
         ServerError::Read { source, .. } if source.is_transient() => Code::Unavailable,
         ServerError::Read { .. } => Code::Internal,
@@ -273,7 +309,9 @@ pub(crate) fn code_of(e: &ServerError) -> Code {
             _ => Code::Internal,
         },
         ServerError::Writer { source, .. } => match source {
-            memwal::Error::Fenced { .. } | memwal::Error::Sealed { .. } => Code::FailedPrecondition,
+            memwal::Error::Fenced { .. }
+            | memwal::Error::Sealed { .. }
+            | memwal::Error::ProducerRefused { .. } => Code::FailedPrecondition,
             memwal::Error::InvalidInput { .. } => Code::InvalidArgument,
             memwal::Error::Backpressure { .. } => Code::ResourceExhausted,
             memwal::Error::OutcomeUnknown { .. } => Code::Unavailable,

@@ -218,6 +218,7 @@ impl FlightService for IngestService {
         self.authorize(&request)?;
         // Held until the ingest task ends.
         let stream = self.budget.admit_stream()?;
+        let headers = request.metadata().clone();
         let mut input = request.into_inner();
         let wait = self.budget.limits.first_message_timeout;
         let first = tokio::time::timeout(wait, input.message())
@@ -247,13 +248,18 @@ impl FlightService for IngestService {
             };
             sql::ingest_target(&cmd)?;
             let table = self.table(&cmd.table)?;
+            let producer =
+                crate::producer_meta::of_statement(table.name(), &cmd.options, &headers)?;
             let input = IngestInput::new(
                 table.name(),
                 messages,
                 self.budget.clone(),
                 self.cut.clone(),
             );
-            (table.clone(), sql::ingest(table, input, tx).boxed())
+            (
+                table.clone(),
+                sql::ingest(table, producer, input, tx).boxed(),
+            )
         } else {
             let (table, delete) = self.target(&descriptor)?;
             let input = IngestInput::new(
@@ -443,7 +449,14 @@ async fn ingest(
         };
         let batch = put.batch;
         batches += 1;
-        let reply = match table.write(&batch, delete).await {
+        let seq = match crate::producer_meta::of_batch(table.name(), &put.app_metadata) {
+            Ok(seq) => seq,
+            Err(status) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+        };
+        let reply = match table.write_as(&batch, delete, seq.as_ref()).await {
             Ok(parts) => {
                 let request_id = serde_json::from_slice::<serde_json::Value>(&put.app_metadata)
                     .ok()

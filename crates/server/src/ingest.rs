@@ -7,8 +7,10 @@ use arrow_array::RecordBatch;
 use serde::Serialize;
 
 use crate::error::FailedPart;
+use crate::producer_gate::ProducerGates;
 use crate::table::ShardKey;
 use crate::{ServerError, TableHost};
+use memwal::{Gaps, ProducerSeq};
 
 /// What one part of a put reached.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -17,8 +19,13 @@ pub struct PartAck {
     pub shard: String,
     /// Rows of the part.
     pub rows: usize,
-    /// The WAL position holding them.
-    pub wal_position: u64,
+    /// The WAL position holding them (`None` only for a duplicate older
+    /// than the producer's last `memwal::PRODUCER_WINDOW` sequences).
+    pub wal_position: Option<u64>,
+    /// True when the part's producer sequence was written before: nothing
+    /// was written now (idempotent producers).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub duplicate: bool,
 }
 
 /// `flush` actions start at most this often per table, by default
@@ -41,6 +48,8 @@ pub(crate) struct Ingest {
     flushes: parking_lot::Mutex<(Option<tokio::time::Instant>, bool)>,
     /// `flush` actions start at most once per this long.
     flush_interval: parking_lot::Mutex<std::time::Duration>,
+    /// Idempotent producers' order (`producer_gate.rs`).
+    gates: ProducerGates,
 }
 
 impl Default for Ingest {
@@ -48,6 +57,7 @@ impl Default for Ingest {
         Self {
             flushes: Default::default(),
             flush_interval: parking_lot::Mutex::new(MIN_FLUSH_INTERVAL),
+            gates: ProducerGates::default(),
         }
     }
 }
@@ -63,11 +73,30 @@ impl TableHost {
         batch: &RecordBatch,
         delete: bool,
     ) -> Result<Vec<PartAck>, ServerError> {
+        self.write_as(batch, delete, None).await
+    }
+
+    /// [`Self::write`] for an idempotent producer (`seq`; `None`: as
+    /// `write`): one batch of the producer at a time, in sequence order
+    /// (`producer_gate.rs`), and each part written only where its shard
+    /// has not written that sequence before ([`PartAck::duplicate`]). A
+    /// partly durable batch retried whole writes only the missing parts.
+    /// Refusals (a fenced producer epoch, a gap) are
+    /// [`ServerError::Producer`]: nothing written.
+    pub async fn write_as(
+        &self,
+        batch: &RecordBatch,
+        delete: bool,
+        seq: Option<&ProducerSeq>,
+    ) -> Result<Vec<PartAck>, ServerError> {
         let started = tokio::time::Instant::now();
         // The process tests arm this with `panic` to prove a failing put
         // never ends its call with OK.
         memwal_store::crash_point("server::before_write");
-        let result = self.write_parts(batch, delete).await;
+        let result = match seq {
+            None => self.write_parts(batch, delete, None).await,
+            Some(seq) => self.write_in_order(batch, delete, seq).await,
+        };
         metrics::histogram!("memwal_server_put_seconds", "table" => self.name().to_string())
             .record(started.elapsed().as_secs_f64());
         if result.is_ok() {
@@ -77,10 +106,38 @@ impl TableHost {
         result
     }
 
+    async fn write_in_order(
+        &self,
+        batch: &RecordBatch,
+        delete: bool,
+        seq: &ProducerSeq,
+    ) -> Result<Vec<PartAck>, ServerError> {
+        memwal_wal::check_producer_id(&seq.producer).map_err(|reason| {
+            ServerError::InvalidInput {
+                table: self.name().to_string(),
+                reason,
+            }
+        })?;
+        let gate = self.ingest().gates.of(&seq.producer);
+        let mut place = gate.lock().await;
+        if let Some((reason, expected)) = place.refusal(seq.epoch, seq.sequence) {
+            return Err(ServerError::Producer {
+                table: self.name().to_string(),
+                producer: seq.producer.clone(),
+                reason,
+                expected,
+            });
+        }
+        let written = self.write_parts(batch, delete, Some(seq)).await?;
+        place.completed(seq.epoch, seq.sequence);
+        Ok(written)
+    }
+
     async fn write_parts(
         &self,
         batch: &RecordBatch,
         delete: bool,
+        seq: Option<&ProducerSeq>,
     ) -> Result<Vec<PartAck>, ServerError> {
         self.shards().check_open()?;
         // One version of the table's columns for the whole put (a schema
@@ -147,11 +204,19 @@ impl TableHost {
         //    (fenced, closed, backpressure, storage).
         let writes = prepared.into_iter().map(|(key, w, part)| async move {
             let rows = part.num_rows();
-            match w.put_prepared(part).await {
-                Ok(position) => Ok(PartAck {
+            let written = match seq {
+                None => w.put_prepared(part).await.map(|position| memwal::Acked {
+                    position: Some(position),
+                    duplicate: false,
+                }),
+                Some(seq) => w.put_prepared_as(part, seq, Gaps::Allowed).await,
+            };
+            match written {
+                Ok(acked) => Ok(PartAck {
                     shard: w.shard().to_string(),
                     rows,
-                    wal_position: position,
+                    wal_position: acked.position,
+                    duplicate: acked.duplicate,
                 }),
                 Err(source) => {
                     if source.is_fenced() {

@@ -271,16 +271,21 @@ pub(crate) fn ingest_target(cmd: &CommandStatementIngest) -> Result<(), Status> 
 
 /// Writes every batch of a bulk ingest, then sends the one result (the row
 /// count) once all of them are durable.
+///
+/// With a `producer` (idempotent ingest), the statement's n-th batch is
+/// written as its sequence `first + n`.
 pub(crate) async fn ingest(
     table: Arc<TableHost>,
+    producer: Option<crate::producer_meta::StatementProducer>,
     mut input: IngestInput,
     mut tx: futures::channel::mpsc::Sender<Result<PutResult, Status>>,
 ) {
     let mut rows: i64 = 0;
     let mut batches: u64 = 0;
     while let Some(item) = input.next().await {
+        let seq = producer.as_ref().map(|p| p.batch(batches));
         let failure = match item {
-            Ok(put) => match table.write(&put.batch, false).await {
+            Ok(put) => match table.write_as(&put.batch, false, seq.as_ref()).await {
                 Ok(_) => {
                     rows += put.batch.num_rows() as i64;
                     batches += 1;

@@ -808,3 +808,6 @@ mod small_puts;
 
 #[path = "host/across.rs"]
 mod across;
+
+#[path = "host/producers.rs"]
+mod producers;
