@@ -712,3 +712,6 @@ mod reads;
 
 #[path = "daemon/hostile_sql.rs"]
 mod hostile_sql;
+
+#[path = "daemon/producers.rs"]
+mod producers;

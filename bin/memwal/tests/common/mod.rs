@@ -397,3 +397,45 @@ pub async fn sql_rows(addr: &str, sql: &str) -> Result<Vec<RecordBatch>, tonic::
         .await
         .map_err(status)
 }
+
+/// DoPut of one `batch` to `path` as sequence `sequence` of idempotent
+/// producer `producer` (epoch `epoch`), in the batch's `app_metadata`;
+/// its ack (JSON), or the status.
+pub async fn producer_put(
+    c: &mut FlightClient,
+    path: &[&str],
+    batch: RecordBatch,
+    (producer, epoch, sequence): (&str, u64, u64),
+) -> Result<serde_json::Value, tonic::Status> {
+    use futures::StreamExt;
+    let meta = serde_json::json!({
+        "producer_id": producer,
+        "producer_epoch": epoch,
+        "sequence": sequence,
+    })
+    .to_string();
+    let descriptor = FlightDescriptor::new_path(path.iter().map(|s| s.to_string()).collect());
+    let stream = FlightDataEncoderBuilder::new()
+        .with_flight_descriptor(Some(descriptor))
+        .build(futures::stream::iter([Ok(batch)]))
+        .map(move |m| {
+            m.map(|mut fd| {
+                // The batch's message (not the schema's) carries it.
+                if !fd.data_body.is_empty() {
+                    fd.app_metadata = meta.clone().into();
+                }
+                fd
+            })
+        });
+    let acks: Vec<serde_json::Value> = c
+        .do_put(stream)
+        .await
+        .map_err(status)?
+        .map_err(status)
+        .map_ok(|r| serde_json::from_slice(&r.app_metadata).expect("ack metadata is JSON"))
+        .try_collect()
+        .await?;
+    acks.into_iter()
+        .next()
+        .ok_or_else(|| tonic::Status::internal("no ack"))
+}
