@@ -64,6 +64,15 @@ pub struct LoadArgs {
     /// fenced).
     #[arg(long)]
     pub embedded: Option<String>,
+    /// Send as idempotent producers (docs/design/idempotent-producers.md):
+    /// producer `p` is `ID-p`, and its k-th batch (from 1) is its sequence
+    /// k, in the batch's `app_metadata`. A failed batch is then retried
+    /// (with `--keep-going`) instead of skipped, so each is written once.
+    #[arg(long)]
+    pub producer_id: Option<String>,
+    /// The producers' epoch (with `--producer-id`).
+    #[arg(long, default_value_t = 0, requires = "producer_id")]
+    pub producer_epoch: u64,
 }
 
 /// What the producers share.
@@ -80,6 +89,40 @@ struct Shared {
 impl Shared {
     fn more(&self, b: u64) -> bool {
         b < self.batches && self.deadline.is_none_or(|d| Instant::now() < d)
+    }
+
+    /// Producer `p`'s sequence for batch `b` (`--producer-id`).
+    fn sequence(&self, p: usize, b: u64) -> Option<memwal::ProducerSeq> {
+        let id = self.args.producer_id.as_ref()?;
+        Some(memwal::ProducerSeq::new(
+            format!("{id}-{p}"),
+            self.args.producer_epoch,
+            b / self.args.producers as u64 + 1,
+        ))
+    }
+
+    /// The batch after a failed `b`: `b` again for an idempotent producer
+    /// (its retry is written at most once), else the next one.
+    fn after_failure(&self, b: u64) -> u64 {
+        if self.args.producer_id.is_some() {
+            b
+        } else {
+            b + self.args.producers as u64
+        }
+    }
+
+    /// The `app_metadata` of batch `b` of producer `p`.
+    fn metadata(&self, p: usize, b: u64) -> bytes::Bytes {
+        match self.sequence(p, b) {
+            None => bytes::Bytes::new(),
+            Some(seq) => serde_json::json!({
+                "producer_id": seq.producer,
+                "producer_epoch": seq.epoch,
+                "sequence": seq.sequence,
+            })
+            .to_string()
+            .into(),
+        }
     }
 
     /// Batch `b`: its first key, rows and data.
@@ -152,19 +195,39 @@ async fn produce(p: usize, s: Arc<Shared>, done: Done) -> Result<(), String> {
             Err(e) => return Err(e),
         };
         let (mut tx, rx) = futures::channel::mpsc::channel::<RecordBatch>(1);
+        // Each batch's app_metadata, in send order: the encoder turns each
+        // batch into one data message (no dictionaries here).
+        let metadata = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
         let stream = FlightDataEncoderBuilder::new()
             .with_flight_descriptor(Some(FlightDescriptor::new_path(vec![s.args.table.clone()])))
-            .build(rx.map(Ok));
+            .build(rx.map(Ok))
+            .map({
+                let metadata = metadata.clone();
+                move |m| {
+                    m.map(|mut fd| {
+                        if !fd.data_body.is_empty() {
+                            let mut q = metadata.lock().unwrap_or_else(|e| e.into_inner());
+                            fd.app_metadata = q.pop_front().unwrap_or_default();
+                        }
+                        fd
+                    })
+                }
+            });
+        let queue = |b: u64| {
+            let mut q = metadata.lock().unwrap_or_else(|e| e.into_inner());
+            q.push_back(s.metadata(p, b));
+        };
         // The daemon answers a DoPut once its first message arrives, so
         // the first batch is queued before the call.
         let (mut first, mut n, data) = s.make(b)?;
         let mut sent = Instant::now();
+        queue(b);
         tx.send(data).await.map_err(|e| e.to_string())?;
         let mut acks = match c.do_put(stream).await {
             Ok(acks) => acks,
             Err(e) => {
                 s.failed(p, e)?;
-                b += step;
+                b = s.after_failure(b);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue 'stream;
             }
@@ -174,7 +237,7 @@ async fn produce(p: usize, s: Arc<Shared>, done: Done) -> Result<(), String> {
                 Some(Ok(_)) => s.ack(&done, first, n, sent.elapsed())?,
                 Some(Err(e)) => {
                     s.failed(p, e)?;
-                    b += step;
+                    b = s.after_failure(b);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue 'stream;
                 }
@@ -183,7 +246,7 @@ async fn produce(p: usize, s: Arc<Shared>, done: Done) -> Result<(), String> {
                         tonic::Status::unavailable("the daemon ended the stream"),
                     ));
                     s.failed(p, e)?;
-                    b += step;
+                    b = s.after_failure(b);
                     continue 'stream;
                 }
             }
@@ -194,6 +257,7 @@ async fn produce(p: usize, s: Arc<Shared>, done: Done) -> Result<(), String> {
             let next;
             (first, n, next) = s.make(b)?;
             sent = Instant::now();
+            queue(b);
             if tx.send(next).await.is_err() {
                 continue 'stream;
             }
@@ -223,12 +287,15 @@ async fn produce_embedded(
     while s.more(b) {
         let (first, n, data) = s.make(b)?;
         let sent = Instant::now();
-        match host.write(&data, false).await {
+        let seq = s.sequence(p, b);
+        match host.write_as(&data, false, seq.as_ref()).await {
             Ok(_) => s.ack(&done, first, n, sent.elapsed())?,
             Err(e) => {
                 let text = e.to_string();
                 let code = format!("{:?}", tonic::Status::from(e).code());
                 s.failed_code(p, code, text)?;
+                b = s.after_failure(b);
+                continue;
             }
         }
         b += step;

@@ -187,3 +187,41 @@ async fn a_batch_a_stalled_daemon_never_acknowledged_is_a_duplicate_at_its_succe
     assert_eq!(all_rows(&b.flight).await, want);
     b.stop_ok();
 }
+
+// Breaks if `memwal load --producer-id` does not send its batches as an
+// idempotent producer's: run twice (a producer replaying everything), the
+// append-only table must hold each row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memwal_load_as_a_producer_replayed_writes_each_row_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    let (ok, _, err) = memwal(&["init", &table, "--column", "id:int64", "--column", "v:utf8"]);
+    assert!(ok, "{err}");
+    let d = Daemon::start(&table, &[]);
+    let args = [
+        "load",
+        "--to",
+        &d.flight,
+        "--table",
+        "t",
+        "--rows",
+        "600",
+        "--batch",
+        "100",
+        "--producers",
+        "2",
+        "--payload",
+        "10",
+        "--producer-id",
+        "bulk",
+    ];
+    for run in 0..2 {
+        let (ok, out, err) = memwal(&args);
+        assert!(ok, "run {run}: {err}");
+        assert!(out.starts_with("600 rows in"), "run {run}: {out}");
+    }
+    let rows = all_rows(&d.flight).await;
+    assert_eq!(rows.len(), 600, "each row once");
+    assert!(rows.iter().map(|(id, _)| *id).eq(0..600));
+    d.stop_ok();
+}
