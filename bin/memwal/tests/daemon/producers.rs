@@ -225,3 +225,48 @@ async fn memwal_load_as_a_producer_replayed_writes_each_row_once() {
     assert!(rows.iter().map(|(id, _)| *id).eq(0..600));
     d.stop_ok();
 }
+
+// Breaks if the documented clients cannot be idempotent producers:
+// pyarrow's Flight client (sequences in each batch's app_metadata) and
+// ADBC's Flight SQL driver (request headers): a retried batch or ingest
+// must be acknowledged as written before and not written again (the
+// append-only table ends with 7 rows, not 11), and a gap refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pyarrow_and_adbc_clients_are_idempotent_producers() {
+    let Some(python) = test_python("pyarrow and ADBC") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    let (ok, _, err) = memwal(&["init", &table, "--column", "id:int64", "--column", "v:utf8"]);
+    assert!(ok, "{err}");
+    let d = Daemon::start(&table, &[]);
+    let out = run_python(&python, "producer_put.py", &[&d.flight, "t"]);
+    let out: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let first = out["first"].as_array().unwrap();
+    assert_eq!(first.len(), 3, "{out}");
+    assert!(first.iter().all(|a| !duplicate(a)), "{out}");
+    let retry = &out["retry"][0];
+    assert!(duplicate(retry), "{out}");
+    assert_eq!(
+        retry["parts"][0]["wal_position"], first[1]["parts"][0]["wal_position"],
+        "the retry is acknowledged with the original's position: {out}"
+    );
+    let gap = out["gap"].as_str().unwrap_or_default();
+    assert!(gap.contains("the next expected is 4"), "{out}");
+    assert_eq!(out["ingests"], serde_json::json!([3, 3]), "{out}");
+    assert_eq!(out["count"], 7, "{out}");
+    let want: Vec<(i64, String)> = [
+        (1, "a-1"),
+        (2, "a-2"),
+        (3, "b-3"),
+        (4, "c-4"),
+        (5, "d-5"),
+        (6, "d-6"),
+        (7, "d-7"),
+    ]
+    .map(|(k, v)| (k, v.to_string()))
+    .into();
+    assert_eq!(all_rows(&d.flight).await, want);
+    d.stop_ok();
+}
