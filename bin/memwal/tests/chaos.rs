@@ -651,3 +651,6 @@ use broken::Script;
 #[path = "chaos/reads.rs"]
 mod reads;
 use reads::{read_through, read_violations, Read};
+
+#[path = "chaos/producers.rs"]
+mod producers;

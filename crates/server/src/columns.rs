@@ -43,7 +43,15 @@ impl Shape {
         let router = if router.constant_values().is_some() {
             None
         } else {
-            let key_router = ShardRouter::new(spec, &key_schema).map_err(|e| e.to_string())?;
+            // An append-only table has no key columns (and takes no
+            // deletes: they are refused before routing); its spec routes
+            // by a row column the key schema lacks.
+            let key_router = if keys.is_empty() {
+                ShardRouter::new(spec, &schema)
+            } else {
+                ShardRouter::new(spec, &key_schema)
+            }
+            .map_err(|e| e.to_string())?;
             Some((router, key_router))
         };
         let validator =

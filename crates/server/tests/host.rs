@@ -660,37 +660,6 @@ async fn puts_are_matched_to_the_table_by_column_name() {
     host.close().await.unwrap();
 }
 
-// Breaks if a read of an append-only table (no primary key) is refused,
-// misses unflushed or published rows, or merges rows that share a value
-// (an append-only table keeps every row written).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_append_only_table_reads_every_row_written() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t").to_str().unwrap().to_string();
-    let loc = memwal_store::open_store(&path).unwrap();
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("v", DataType::Utf8, true),
-    ]));
-    create_table(&loc, schema, &TableSharding::Unsharded)
-        .await
-        .unwrap();
-    let host = TableHost::open("t", loc, ShardWriterConfig::default())
-        .await
-        .unwrap();
-    host.write(&tagged(&[1, 2], "a"), false).await.unwrap();
-    host.flush().await.unwrap();
-    host.write(&tagged(&[1, 3], "b"), false).await.unwrap();
-    let read = host.read_rows().await.unwrap();
-    let vs = arrow_array::cast::AsArray::as_string::<i32>(read.column_by_name("v").unwrap());
-    let mut got: Vec<String> = (0..read.num_rows())
-        .map(|i| vs.value(i).to_string())
-        .collect();
-    got.sort();
-    assert_eq!(got, vec!["a1", "a2", "b1", "b3"]);
-    host.close().await.unwrap();
-}
-
 // Breaks if, after a column is added to the base while the daemon runs,
 // shards opened after the change refuse the old schema (the issue's
 // measurement: one bucket then took no rows at all until a restart): a
@@ -811,3 +780,6 @@ mod across;
 
 #[path = "host/producers.rs"]
 mod producers;
+
+#[path = "host/append_only.rs"]
+mod append_only;

@@ -47,7 +47,9 @@ pub fn crash_point(name: &str) {
 /// memtable over its successor's published rows),
 /// `broken::read_unacknowledged` (a read shows rows whose WAL write is not
 /// durable), `broken::read_levels_unmerged` (a read of a keyed table
-/// concatenates its levels instead of merging them by key).
+/// concatenates its levels instead of merging them by key),
+/// `broken::producer_sequences_ignored` (write every put of an idempotent
+/// producer, as if its sequence were new).
 #[inline(always)]
 pub fn broken(name: &str) -> bool {
     #[cfg(feature = "failpoints")]

@@ -156,6 +156,10 @@ impl Producers {
     /// naming `last + 1`; anything else, and any sequence of a producer
     /// not known here, is new.
     pub(crate) fn admit(&self, seq: &ProducerSeq, gaps: Gaps) -> Result<Admit> {
+        // The chaos suite's exactly-once check is seen failing against this.
+        if memwal_store::broken("broken::producer_sequences_ignored") {
+            return Ok(Admit::New);
+        }
         let Some(r) = self.map.get(&seq.producer) else {
             return Ok(Admit::New);
         };
