@@ -180,6 +180,7 @@ fn writer_settings_layer_and_bad_ones_are_named() {
         let printed = print(&c)?;
         assert!(!printed.contains("s3cret"), "{printed}");
         assert!(printed.contains("flush_retry_attempts = 8"), "{printed}");
+        assert!(printed.contains("producer_expiry_hours = 168"), "{printed}");
         jail.set_env("MEMWAL_WRITER_FLUSH_CONCURRENCY", "0");
         let e = resolve(&args).unwrap_err();
         assert!(e.contains("writer.flush_concurrency"), "{e}");

@@ -52,6 +52,10 @@ pub struct WriterSettings {
     /// Let the table's `writer_config_defaults` fill the keys left unset.
     /// Default true.
     pub use_table_defaults: Option<bool>,
+    /// An idempotent producer that wrote nothing to a shard for this many
+    /// hours is forgotten there (a retry of its sequences after that is
+    /// written again). Default 168 (7 days).
+    pub producer_expiry_hours: Option<u64>,
 }
 
 /// `sstable_compression` values.
@@ -85,6 +89,10 @@ impl WriterSettings {
             ("close_timeout_secs", self.close_timeout_secs == Some(0)),
             ("store_retry_attempts", self.store_retry_attempts == Some(0)),
             ("flush_retry_attempts", self.flush_retry_attempts == Some(0)),
+            (
+                "producer_expiry_hours",
+                self.producer_expiry_hours == Some(0),
+            ),
         ] {
             if zero {
                 return Err(format!("writer.{key} must be at least 1"));
@@ -137,6 +145,12 @@ impl WriterSettings {
                 Replay::BeforeOpen => ReplayPublish::BeforeOpenReturns,
             };
         }
+        if let Some(v) = self.producer_expiry_hours {
+            c.producer_expiry = v
+                .checked_mul(3600)
+                .map(Duration::from_secs)
+                .ok_or_else(|| format!("writer.producer_expiry_hours: {v} is too large"))?;
+        }
         if let Some(v) = self.use_table_defaults {
             c.use_table_defaults = v;
         }
@@ -177,6 +191,9 @@ impl WriterSettings {
                 ReplayPublish::BeforeOpenReturns => Replay::BeforeOpen,
             })),
             use_table_defaults: self.use_table_defaults.or(Some(d.use_table_defaults)),
+            producer_expiry_hours: self
+                .producer_expiry_hours
+                .or(Some(d.producer_expiry.as_secs() / 3600)),
         }
     }
 }
