@@ -56,6 +56,9 @@ pub struct WriterSettings {
     /// hours is forgotten there (a retry of its sequences after that is
     /// written again). Default 168 (7 days).
     pub producer_expiry_hours: Option<u64>,
+    /// Idempotent producers a shard keeps at most; a new one past it is
+    /// refused (FAILED_PRECONDITION) until idle ones expire. Default 100000.
+    pub producer_limit: Option<usize>,
 }
 
 /// `sstable_compression` values.
@@ -151,6 +154,9 @@ impl WriterSettings {
                 .map(Duration::from_secs)
                 .ok_or_else(|| format!("writer.producer_expiry_hours: {v} is too large"))?;
         }
+        if let Some(v) = self.producer_limit {
+            c.producer_limit = v;
+        }
         if let Some(v) = self.use_table_defaults {
             c.use_table_defaults = v;
         }
@@ -194,6 +200,7 @@ impl WriterSettings {
             producer_expiry_hours: self
                 .producer_expiry_hours
                 .or(Some(d.producer_expiry.as_secs() / 3600)),
+            producer_limit: self.producer_limit.or(Some(d.producer_limit)),
         }
     }
 }

@@ -120,6 +120,12 @@ pub struct ShardWriterConfig {
     /// checkpoint: a retry of its sequences after that is written again.
     /// Default 7 days.
     pub producer_expiry: Duration,
+    /// Producers a shard keeps at most: a put of a producer not known at
+    /// the shard while this many are is refused
+    /// ([`crate::Error::ProducerRefused`]; idle ones expire after
+    /// `producer_expiry`). Bounds the memory and the checkpoint size the
+    /// producers take. Default 100,000.
+    pub producer_limit: usize,
 }
 
 impl Default for ShardWriterConfig {
@@ -143,6 +149,7 @@ impl Default for ShardWriterConfig {
             backpressure_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(60),
             producer_expiry: Duration::from_secs(7 * 24 * 3600),
+            producer_limit: 100_000,
             replay_publish: ReplayPublish::InBackground,
             sstable_compression: SsTableCompression::Off,
         }
@@ -198,6 +205,9 @@ impl ShardWriterConfig {
         }
         if self.producer_expiry.is_zero() {
             return bad("producer_expiry must be > 0".into());
+        }
+        if self.producer_limit == 0 {
+            return bad("producer_limit must be >= 1".into());
         }
         if self.close_timeout.is_zero() {
             return bad("close_timeout must be > 0".into());

@@ -155,12 +155,25 @@ impl Producers {
     /// batches); with [`Gaps::Refused`], one past `last + 1` is refused
     /// naming `last + 1`; anything else, and any sequence of a producer
     /// not known here, is new.
-    pub(crate) fn admit(&self, seq: &ProducerSeq, gaps: Gaps) -> Result<Admit> {
+    ///
+    /// A producer not known here while `limit` producers are is refused.
+    pub(crate) fn admit(&self, seq: &ProducerSeq, gaps: Gaps, limit: usize) -> Result<Admit> {
         // The chaos suite's exactly-once check is seen failing against this.
         if memwal_store::broken("broken::producer_sequences_ignored") {
             return Ok(Admit::New);
         }
         let Some(r) = self.map.get(&seq.producer) else {
+            if self.map.len() >= limit {
+                return Err(Error::ProducerRefused {
+                    producer: seq.producer.clone(),
+                    reason: format!(
+                        "the shard keeps {} producers, its producer_limit: a new one is \
+                         taken once idle ones expire (producer_expiry)",
+                        self.map.len()
+                    ),
+                    expected: None,
+                });
+            }
             return Ok(Admit::New);
         };
         if seq.epoch < r.epoch {
@@ -279,7 +292,7 @@ mod tests {
     }
 
     fn admit(p: &Producers, producer: &str, epoch: u64, sequence: u64, gaps: Gaps) -> String {
-        match p.admit(&ProducerSeq::new(producer, epoch, sequence), gaps) {
+        match p.admit(&ProducerSeq::new(producer, epoch, sequence), gaps, 2) {
             Ok(Admit::New) => "new".into(),
             Ok(Admit::Duplicate(l)) => match l.and_then(|l| l.position_now()) {
                 Some(p) => format!("dup@{p}"),
@@ -318,6 +331,17 @@ mod tests {
         );
         assert_eq!(admit(&p, "a", 1, 3, Gaps::Allowed), "refused(None)");
         assert_eq!(admit(&p, "b", 0, 1, Gaps::Refused), "new");
+        p.replayed(&stamp("b", 0, 1, 100), 5);
+        assert_eq!(
+            admit(&p, "c", 0, 1, Gaps::Refused),
+            "refused(None)",
+            "past producer_limit (2 here)"
+        );
+        assert_eq!(
+            admit(&p, "b", 0, 2, Gaps::Refused),
+            "new",
+            "known ones go on"
+        );
         for s in 8..8 + WINDOW as u64 {
             p.replayed(&stamp("a", 2, s, 100), s * 10);
         }

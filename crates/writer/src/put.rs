@@ -241,7 +241,7 @@ pub(crate) async fn submit_as(
                     return Some(Err(e));
                 }
                 if let Some((seq, gaps)) = seq {
-                    match st.producers.admit(seq, gaps) {
+                    match st.producers.admit(seq, gaps, inner.config.producer_limit) {
                         Ok(Admit::New) => {}
                         Ok(Admit::Duplicate(landing)) => {
                             inner.storage.meters.producer_duplicates.increment(1);
