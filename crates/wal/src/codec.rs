@@ -1,9 +1,10 @@
 //! WAL entry bytes: one Arrow IPC stream per entry (docs/memwal-format.md "WAL").
 //!
 //! The stream's schema metadata carries `writer_epoch` (decimal),
-//! `generation` (decimal; absent in upstream's WAL-only mode), the
-//! producer stamps of its appends when any is stamped (`memwal:producers`,
-//! [`crate::stamp`]) and, for a fence sentinel, `fence_sentinel = "true"`. A sentinel is an empty-schema
+//! `generation` (decimal; absent in upstream's WAL-only mode) and, for a
+//! fence sentinel, `fence_sentinel = "true"`; the producer stamps of its
+//! appends, when any is stamped, are on the schema's last field
+//! (`memwal:producers`, [`crate::stamp`]). A sentinel is an empty-schema
 //! stream with no batches. Decoding is strict about the stream itself (it
 //! must decode completely and end with the end-of-stream marker) and
 //! lenient about metadata it does not know.
@@ -80,7 +81,7 @@ pub fn encode_entry(
 }
 
 /// [`encode_entry`] with the producer stamps of the entry's appends
-/// (recorded under `memwal:producers` when not empty).
+/// (recorded under `memwal:producers` on the last field when not empty).
 pub fn encode_stamped_entry(
     epoch: u64,
     generation: Option<u64>,

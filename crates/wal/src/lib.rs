@@ -4,7 +4,8 @@
 //!   `generation` and `fence_sentinel` schema metadata; decodes upstream's
 //!   shapes too.
 //! - [`stamp`]: producer stamps (who sent an append, with what sequence),
-//!   recorded per entry for exactly-once retries.
+//!   recorded per entry (on the entry schema's last field) for
+//!   exactly-once retries.
 //! - [`WalAppender`]: concurrent appends with group commit; an append
 //!   resolves only once durable; positions contiguous, one PUT in flight;
 //!   collisions are resolved against the manifest (fenced, sealed, or a
