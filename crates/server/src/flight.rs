@@ -449,7 +449,9 @@ async fn ingest(
         };
         let batch = put.batch;
         batches += 1;
-        let seq = match crate::producer_meta::of_batch(table.name(), &put.app_metadata) {
+        // Parsed once: the producer, and the request id the ack echoes.
+        let metadata = serde_json::from_slice::<serde_json::Value>(&put.app_metadata).ok();
+        let seq = match crate::producer_meta::of_batch(table.name(), metadata.as_ref()) {
             Ok(seq) => seq,
             Err(status) => {
                 let _ = tx.send(Err(status)).await;
@@ -458,9 +460,7 @@ async fn ingest(
         };
         let reply = match table.write_as(&batch, delete, seq.as_ref()).await {
             Ok(parts) => {
-                let request_id = serde_json::from_slice::<serde_json::Value>(&put.app_metadata)
-                    .ok()
-                    .and_then(|v| v.get("request_id").cloned());
+                let request_id = metadata.as_ref().and_then(|v| v.get("request_id").cloned());
                 let body = json!({
                     "table": table.name(),
                     "batch": batches,

@@ -21,9 +21,13 @@ use memwal::ProducerSeq;
 use serde_json::Value;
 use tonic::Status;
 
-/// The producer of one `DoPut` batch, from its `app_metadata`.
-pub(crate) fn of_batch(table: &str, app_metadata: &[u8]) -> Result<Option<ProducerSeq>, Status> {
-    let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(app_metadata) else {
+/// The producer of one `DoPut` batch, from its `app_metadata` parsed as
+/// JSON (`None`: it is not JSON).
+pub(crate) fn of_batch(
+    table: &str,
+    app_metadata: Option<&Value>,
+) -> Result<Option<ProducerSeq>, Status> {
+    let Some(Value::Object(m)) = app_metadata else {
         return Ok(None);
     };
     let Some(id) = m.get("producer_id") else {
@@ -128,7 +132,7 @@ mod tests {
     // taken as a plain put.
     #[test]
     fn producer_metadata_is_read_or_refused() {
-        let seq = |m: &str| of_batch("t", m.as_bytes());
+        let seq = |m: &str| of_batch("t", serde_json::from_str::<Value>(m).ok().as_ref());
         assert_eq!(
             seq(r#"{"producer_id":"p","producer_epoch":2,"sequence":9,"request_id":"r"}"#).unwrap(),
             Some(ProducerSeq::new("p", 2, 9))

@@ -284,15 +284,7 @@ async fn a_shard_down_on_a_storage_failure_is_reported_and_reopened() {
     // backoff), the rows acknowledged before are still there, and puts are
     // served again.
     faults.clear_hook();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while host.reopen_down_shards().await > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{:?}",
-            host.down_shards()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    reopen_down(&host).await;
     assert!(host.down_shards().is_empty());
     assert!(readyz().await.starts_with("HTTP/1.1 200"));
     host.write(&rows(&[1, 4]), false).await.unwrap();
@@ -538,6 +530,20 @@ fn through_faults(
         ..loc.clone()
     };
     (faults, faulty)
+}
+
+/// Reopens the host's down shards until none is down (each after its
+/// backoff); fails the test after 30 s.
+async fn reopen_down(host: &TableHost) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    while host.reopen_down_shards().await > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            host.down_shards()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// `id -> v` of a read.

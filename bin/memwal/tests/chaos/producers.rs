@@ -116,20 +116,6 @@ fn exactly_once(view: &View, total: u64) -> Vec<String> {
     errors
 }
 
-fn init_append_only(table: &str) {
-    let (ok, _, err) = memwal(&[
-        "init",
-        table,
-        "--column",
-        "id:int64",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 4)",
-    ]);
-    assert!(ok, "{err}");
-}
-
 /// The table's rows once every flushed level is compacted into the base.
 async fn compacted(table: &str) -> View {
     let (ok, out, err) = memwal(&["compact", table]);
@@ -159,7 +145,7 @@ async fn idempotent_producers_write_each_batch_once_through_kills() {
     );
     eprintln!("producer chaos: seed {seed}, {kills} kills (replay: {replay})");
     let mut rng = StdRng::seed_from_u64(seed);
-    init_append_only(&table);
+    init_append_only(&table, "bucket(id, 4)");
     let mut producer = Producer {
         id: "chaos-job".into(),
         epoch: 1,
@@ -268,7 +254,7 @@ async fn a_daemon_ignoring_sequences_is_caught() {
     for broken in [false, true] {
         let dir = tempfile::tempdir().unwrap();
         let table = dir.path().join("t").to_str().unwrap().to_string();
-        init_append_only(&table);
+        init_append_only(&table, "bucket(id, 4)");
         let mut d = Daemon::try_launch(
             &table,
             &["--no-compactor"],

@@ -323,6 +323,22 @@ pub fn init_bucket_table(table: &str) {
     assert!(ok, "{err}");
 }
 
+/// An append-only table (`id` int64, `v` utf8, no primary key) sharded by
+/// `sharding` (e.g. `unsharded`, `bucket(id, 4)`), by `memwal init`.
+pub fn init_append_only(table: &str, sharding: &str) {
+    let (ok, _, err) = memwal(&[
+        "init",
+        table,
+        "--column",
+        "id:int64",
+        "--column",
+        "v:utf8",
+        "--sharding",
+        sharding,
+    ]);
+    assert!(ok, "{err}");
+}
+
 /// The Python with the pinned clients (`MEMWAL_TEST_PYTHON`), or `None`
 /// (the test is skipped) outside CI; under CI a missing one is a failure.
 pub fn test_python(test: &str) -> Option<String> {

@@ -40,8 +40,7 @@ fn duplicate(ack: &serde_json::Value) -> bool {
 async fn a_retry_after_a_kill_between_wal_write_and_ack_is_written_once() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&["init", &table, "--column", "id:int64", "--column", "v:utf8"]);
-    assert!(ok, "{err}");
+    init_append_only(&table, "unsharded");
     let mut d = Daemon::try_launch(
         &table,
         &["--no-compactor"],
@@ -140,8 +139,7 @@ async fn a_replaying_producer_never_moves_a_key_back() {
 async fn a_batch_a_stalled_daemon_never_acknowledged_is_a_duplicate_at_its_successor() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&["init", &table, "--column", "id:int64", "--column", "v:utf8"]);
-    assert!(ok, "{err}");
+    init_append_only(&table, "unsharded");
     // The first WAL write lands, then its thread stalls past the client's
     // patience.
     let a = Daemon::try_launch(
@@ -195,8 +193,7 @@ async fn a_batch_a_stalled_daemon_never_acknowledged_is_a_duplicate_at_its_succe
 async fn memwal_load_as_a_producer_replayed_writes_each_row_once() {
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&["init", &table, "--column", "id:int64", "--column", "v:utf8"]);
-    assert!(ok, "{err}");
+    init_append_only(&table, "unsharded");
     let d = Daemon::start(&table, &[]);
     let args = [
         "load",
@@ -238,8 +235,7 @@ async fn pyarrow_and_adbc_clients_are_idempotent_producers() {
     };
     let dir = tempfile::tempdir().unwrap();
     let table = dir.path().join("t").to_str().unwrap().to_string();
-    let (ok, _, err) = memwal(&["init", &table, "--column", "id:int64", "--column", "v:utf8"]);
-    assert!(ok, "{err}");
+    init_append_only(&table, "unsharded");
     let d = Daemon::start(&table, &[]);
     let out = run_python(&python, "producer_put.py", &[&d.flight, "t"]);
     let out: serde_json::Value = serde_json::from_str(out.trim()).unwrap();

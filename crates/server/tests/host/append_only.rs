@@ -2,24 +2,28 @@
 
 use super::*;
 
-// Breaks if a read of an append-only table (no primary key) is refused,
-// misses unflushed or published rows, or merges rows that share a value
-// (an append-only table keeps every row written).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_append_only_table_reads_every_row_written() {
-    let dir = tempfile::tempdir().unwrap();
+/// A host of an append-only table at `dir/t` (`id` int64, `v` utf8, no
+/// primary key) sharded by `sharding`.
+async fn append_only_host(dir: &tempfile::TempDir, sharding: TableSharding) -> TableHost {
     let path = dir.path().join("t").to_str().unwrap().to_string();
     let loc = memwal_store::open_store(&path).unwrap();
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("v", DataType::Utf8, true),
     ]));
-    create_table(&loc, schema, &TableSharding::Unsharded)
+    create_table(&loc, schema, &sharding).await.unwrap();
+    TableHost::open("t", loc, ShardWriterConfig::default())
         .await
-        .unwrap();
-    let host = TableHost::open("t", loc, ShardWriterConfig::default())
-        .await
-        .unwrap();
+        .unwrap()
+}
+
+// Breaks if a read of an append-only table (no primary key) is refused,
+// misses unflushed or published rows, or merges rows that share a value
+// (an append-only table keeps every row written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_only_table_reads_every_row_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = append_only_host(&dir, TableSharding::Unsharded).await;
     host.write(&tagged(&[1, 2], "a"), false).await.unwrap();
     host.flush().await.unwrap();
     host.write(&tagged(&[1, 3], "b"), false).await.unwrap();
@@ -40,20 +44,11 @@ async fn an_append_only_table_reads_every_row_written() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_sharded_append_only_table_is_served() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("t").to_str().unwrap().to_string();
-    let loc = memwal_store::open_store(&path).unwrap();
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("v", DataType::Utf8, true),
-    ]));
     let sharding = TableSharding::Bucket {
         column: "id".into(),
         buckets: 4,
     };
-    create_table(&loc, schema, &sharding).await.unwrap();
-    let host = TableHost::open("t", loc, ShardWriterConfig::default())
-        .await
-        .unwrap();
+    let host = append_only_host(&dir, sharding).await;
     let ids: Vec<i64> = (0..16).collect();
     let parts = host.write(&tagged(&ids, "a"), false).await.unwrap();
     assert_eq!(parts.len(), 4, "{parts:?}");

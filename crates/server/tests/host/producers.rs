@@ -14,18 +14,6 @@ fn seq(sequence: u64) -> ProducerSeq {
     ProducerSeq::new("loader", 1, sequence)
 }
 
-async fn reopen_down(host: &TableHost) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while host.reopen_down_shards().await > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{:?}",
-            host.down_shards()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 // Breaks if a retried batch writes a part again (keys keep the first
 // write's value "b"/"c", never "retry"), if a part that never landed is
 // not written by the retry, if a batch after a failed one is taken before
