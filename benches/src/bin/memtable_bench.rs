@@ -123,7 +123,7 @@ fn case(label: &str, kind: KeyKind, dup_every: usize) {
         usage.retained_bytes as f64 / 1e6,
         usage.index_bytes as f64 / 1e6,
         usage.total() as f64 / usage.payload_bytes as f64,
-        mt.num_keys().unwrap_or(0),
+        mt.num_keys().ok().flatten().unwrap_or(0),
         mt.num_rows(),
     );
 }

@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, LargeBinaryArray, RecordBatch};
+use arrow_array::{LargeBinaryArray, RecordBatch};
 use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 
 use crate::error::Result;
-use crate::key_codec::KeyColumns;
 use crate::memtable::FrozenMemTable;
+use crate::pk_index::key_columns;
 
 /// Sizes recorded in the shard manifest's `SsTable` entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,41 +55,33 @@ pub struct FlushData {
 
 impl FrozenMemTable {
     /// The data of this memtable's SSTable (see [`FlushData`]). Batches are
-    /// shared with the memtable (no row data is copied); the keys are copied
-    /// once out of the index arena.
-    pub fn flush_data(&self) -> FlushData {
+    /// shared with the memtable (no row data is copied). For a keyed table
+    /// every row's key is encoded once and the rows sorted by key; that
+    /// order gives both the `_pk_index` and the deletion vector (in each run
+    /// of equal keys every row but the last is superseded), so a flush never
+    /// builds the lookup index.
+    ///
+    /// Errors only when a stored key column cannot be read as a key, which
+    /// the insert already checked.
+    pub fn flush_data(&self) -> Result<FlushData> {
         let store = &self.store;
-        let keys = store.index.as_ref().map(|index| {
-            let (arena, ends) = index.raw();
-            let mut offsets = Vec::with_capacity(ends.len() + 1);
-            offsets.push(0i64);
-            offsets.extend(ends.iter().map(|&e| e as i64));
-            let encoded = LargeBinaryArray::new(
-                OffsetBuffer::new(ScalarBuffer::from(offsets)),
-                Buffer::from(arena.to_vec()),
-                None,
-            );
-            let mut rows_by_key: Vec<u32> = (0..ends.len() as u32).collect();
-            rows_by_key.sort_by(|&a, &b| index.key(a).cmp(index.key(b)));
-            FlushKeys {
-                encoded,
-                rows_by_key,
+        let (keys, deleted_rows) = match store.index {
+            Some(_) => {
+                let (keys, deleted) = sorted_keys(self)?;
+                (Some(keys), deleted)
             }
-        });
-        FlushData {
+            None => (None, Vec::new()),
+        };
+        Ok(FlushData {
             batches: store.batches.clone(),
-            deleted_rows: store
-                .index
-                .as_ref()
-                .map(|i| i.superseded_sorted())
-                .unwrap_or_default(),
+            deleted_rows,
             stats: FlushStats {
                 in_memory_bytes: store.payload_bytes as u64,
                 physical_rows: store.rows as u64,
                 primary_key_bytes: store.index.as_ref().map(|_| store.key_payload_bytes as u64),
             },
             keys,
-        }
+        })
     }
 
     /// The bloom-filter hash ([`crate::key_codec::bloom_hash`]) of every
@@ -102,16 +94,9 @@ impl FrozenMemTable {
         if store.index.is_none() {
             return Ok(None);
         }
-        let names = store.schema.key_names();
         let mut out = Vec::with_capacity(store.rows);
         for batch in &store.batches {
-            let cols: Vec<&ArrayRef> = store
-                .schema
-                .key_indices()
-                .iter()
-                .map(|&i| batch.column(i))
-                .collect();
-            let keys = KeyColumns::try_new(&cols, &names)?;
+            let keys = key_columns(&store.schema, batch)?;
             for row in 0..batch.num_rows() {
                 out.push(keys.bloom_hash_row(row)?);
             }
@@ -123,4 +108,44 @@ impl FrozenMemTable {
     pub fn ptr_eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.store, &other.store)
     }
+}
+
+/// Every physical row's encoded key, the rows ordered by (key, row), and
+/// the rows a later row of the same key supersedes (sorted, distinct).
+fn sorted_keys(memtable: &FrozenMemTable) -> Result<(FlushKeys, Vec<u32>)> {
+    let store = &memtable.store;
+    let mut arena: Vec<u8> = Vec::with_capacity(store.key_payload_bytes + 2 * store.rows);
+    let mut offsets: Vec<i64> = Vec::with_capacity(store.rows + 1);
+    offsets.push(0);
+    for batch in &store.batches {
+        let keys = key_columns(&store.schema, batch)?;
+        for row in 0..batch.num_rows() {
+            keys.encode_row(row, &mut arena);
+            offsets.push(arena.len() as i64);
+        }
+    }
+    let key = |r: u32| {
+        let r = r as usize;
+        &arena[offsets[r] as usize..offsets[r + 1] as usize]
+    };
+    let mut rows_by_key: Vec<u32> = (0..store.rows as u32).collect();
+    rows_by_key.sort_unstable_by(|&a, &b| key(a).cmp(key(b)).then(a.cmp(&b)));
+    let mut deleted: Vec<u32> = rows_by_key
+        .windows(2)
+        .filter(|w| key(w[0]) == key(w[1]))
+        .map(|w| w[0])
+        .collect();
+    deleted.sort_unstable();
+    let encoded = LargeBinaryArray::new(
+        OffsetBuffer::new(ScalarBuffer::from(offsets)),
+        Buffer::from_vec(arena),
+        None,
+    );
+    Ok((
+        FlushKeys {
+            encoded,
+            rows_by_key,
+        },
+        deleted,
+    ))
 }

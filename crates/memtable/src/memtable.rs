@@ -4,13 +4,14 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
+use arrow_array::{BooleanArray, RecordBatch};
 use arrow_buffer::BooleanBufferBuilder;
+use parking_lot::MutexGuard;
 
 use crate::error::{MemTableError, Result};
-use crate::key_codec::{encode_key, KeyColumns, KeyValue};
+use crate::key_codec::{encode_key, KeyValue};
 use crate::memory::{batch_payload_bytes, BufferTracker, MemoryUsage};
-use crate::pk_index::PkIndex;
+use crate::pk_index::{key_columns, Indexed, LazyPkIndex};
 use crate::schema::TableSchema;
 
 /// Most physical rows one memtable holds (row offsets are `u32`, as in the
@@ -38,12 +39,14 @@ pub(crate) struct Store {
     pub(crate) payload_bytes: usize,
     pub(crate) key_payload_bytes: usize,
     tracker: BufferTracker,
-    pub(crate) index: Option<PkIndex>,
+    /// The key index (`None` for an append-only table), built by the
+    /// lookups that need it, not by inserts.
+    pub(crate) index: Option<LazyPkIndex>,
 }
 
 impl Store {
     fn new(schema: Arc<TableSchema>) -> Self {
-        let index = schema.has_primary_key().then(PkIndex::default);
+        let index = schema.has_primary_key().then(LazyPkIndex::default);
         Self {
             schema,
             batches: Vec::new(),
@@ -65,18 +68,15 @@ impl Store {
             return Err(MemTableError::TooManyRows { rows: total });
         }
         let first = self.rows as u32;
-        if let Some(index) = &mut self.index {
-            let cols: Vec<&ArrayRef> = self
+        if self.index.is_some() {
+            // Checks the key types (the index reads them the same way
+            // later); the keys themselves are indexed by the first lookup.
+            key_columns(&self.schema, &batch)?;
+            self.key_payload_bytes += self
                 .schema
                 .key_indices()
                 .iter()
-                .map(|&i| batch.column(i))
-                .collect();
-            let keys = KeyColumns::try_new(&cols, &self.schema.key_names())?;
-            index.insert(&keys, n, first);
-            self.key_payload_bytes += cols
-                .iter()
-                .map(|c| crate::memory::array_payload_bytes(c.as_ref()))
+                .map(|&i| crate::memory::array_payload_bytes(batch.column(i).as_ref()))
                 .sum::<usize>();
         }
         self.tombstone_rows += batch
@@ -99,10 +99,12 @@ impl Store {
         }
     }
 
-    fn index(&self, operation: &'static str) -> Result<&PkIndex> {
+    /// The key index caught up with every batch, held locked.
+    pub(crate) fn index(&self, operation: &'static str) -> Result<MutexGuard<'_, Indexed>> {
         self.index
             .as_ref()
-            .ok_or(MemTableError::NoPrimaryKey { operation })
+            .ok_or(MemTableError::NoPrimaryKey { operation })?
+            .caught_up(&self.schema, &self.batches, &self.starts)
     }
 
     fn is_tombstone(&self, loc: RowLocation) -> bool {
@@ -123,7 +125,7 @@ impl Store {
         }
         let mut buf = Vec::with_capacity(expected * 10);
         encode_key(key, &mut buf);
-        Ok(index.newest(&buf))
+        Ok(index.index().newest(&buf))
     }
 
     fn get(&self, key: &[KeyValue<'_>]) -> Result<Option<RecordBatch>> {
@@ -138,7 +140,7 @@ impl Store {
     }
 
     fn get_encoded(&self, key: &[u8]) -> Result<Option<RecordBatch>> {
-        let Some(row) = self.index("get")?.newest(key) else {
+        let Some(row) = self.index("get")?.index().newest(key) else {
             return Ok(None);
         };
         let loc = self.locate(row);
@@ -150,16 +152,17 @@ impl Store {
 
     /// Per physical row: true when it is the newest of its key and not a
     /// tombstone (append-only tables: every row).
-    fn visible_mask(&self) -> Vec<BooleanArray> {
+    fn visible_mask(&self) -> Result<Vec<BooleanArray>> {
         let mut hidden = BooleanBufferBuilder::new(self.rows);
         hidden.append_n(self.rows, false);
-        if let Some(index) = &self.index {
-            for r in index.superseded_sorted() {
+        if self.index.is_some() {
+            for r in self.index("visible_batches")?.index().superseded_sorted() {
                 hidden.set_bit(r as usize, true);
             }
         }
         let hidden = hidden.finish();
-        self.batches
+        Ok(self
+            .batches
             .iter()
             .zip(&self.starts)
             .map(|(b, &s)| {
@@ -167,11 +170,11 @@ impl Store {
                 let old = hidden.slice(s as usize, b.num_rows());
                 BooleanArray::new(!&(&old | tomb.values()), None)
             })
-            .collect()
+            .collect())
     }
 
     fn visible_batches(&self) -> Result<Vec<RecordBatch>> {
-        let masks = self.visible_mask();
+        let masks = self.visible_mask()?;
         let mut out = Vec::with_capacity(self.batches.len());
         for (b, m) in self.batches.iter().zip(&masks) {
             let f = arrow_select::filter::filter_record_batch(b, m)?;
@@ -183,7 +186,7 @@ impl Store {
     }
 
     fn memory(&self) -> MemoryUsage {
-        let index = self.index.as_ref().map_or(0, PkIndex::heap_bytes);
+        let index = self.index.as_ref().map_or(0, LazyPkIndex::heap_bytes);
         let lists = self.batches.capacity() * std::mem::size_of::<RecordBatch>()
             + self.starts.capacity() * std::mem::size_of::<u32>();
         MemoryUsage {
@@ -204,6 +207,10 @@ macro_rules! read_api {
         /// The newest visible row for `key` (values in key order), as a
         /// one-row storage-schema batch (a zero-copy slice); `None` when the
         /// key was never written or its newest row is a tombstone.
+        ///
+        /// The key index is built here, not by inserts: the first lookup
+        /// after inserts indexes their rows (cost proportional to the rows
+        /// added since the last lookup), so puts never pay for lookups.
         /// Errors: [`MemTableError::NoPrimaryKey`], [`MemTableError::KeyArity`].
         pub fn get(&self, key: &[KeyValue<'_>]) -> Result<Option<RecordBatch>> {
             self.store().get(key)
@@ -237,9 +244,14 @@ macro_rules! read_api {
             self.store().tombstone_rows
         }
 
-        /// Distinct keys held (`None` for an append-only table).
-        pub fn num_keys(&self) -> Option<usize> {
-            self.store().index.as_ref().map(PkIndex::distinct_keys)
+        /// Distinct keys held (`None` for an append-only table). Builds the
+        /// key index (see [`Self::get`]).
+        pub fn num_keys(&self) -> Result<Option<usize>> {
+            let store = self.store();
+            if store.index.is_none() {
+                return Ok(None);
+            }
+            Ok(Some(store.index("num_keys")?.index().distinct_keys()))
         }
 
         /// True when no row was inserted.

@@ -1,11 +1,86 @@
 //! The primary-key index: every physical row's encoded key in one arena,
-//! and a hash table from key to the newest row holding it.
+//! and a hash table from key to the newest row holding it, built on demand
+//! ([`LazyPkIndex`]) so that puts never pay for it.
 
 use std::hash::BuildHasher;
 
+use arrow_array::{ArrayRef, RecordBatch};
 use hashbrown::hash_table::{Entry, HashTable};
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::error::Result;
+use crate::schema::TableSchema;
 
 use crate::key_codec::KeyColumns;
+
+/// The key columns of `batch` (storage schema of `schema`), for row access.
+pub(crate) fn key_columns<'a>(
+    schema: &TableSchema,
+    batch: &'a RecordBatch,
+) -> Result<KeyColumns<'a>> {
+    let cols: Vec<&'a ArrayRef> = schema
+        .key_indices()
+        .iter()
+        .map(|&i| batch.column(i))
+        .collect();
+    KeyColumns::try_new(&cols, &schema.key_names())
+}
+
+/// A [`PkIndex`] over a memtable's batches, brought up to date by the
+/// lookup that needs it rather than by the insert that adds rows.
+///
+/// A memtable is written far more than it is looked up: the writer never
+/// reads its own key index (readers merge the batches themselves, and the
+/// flush sorts keys instead), so indexing each put's keys (a random probe
+/// into a table of millions of keys per row) would be pure cost on the put
+/// path. Guarantees: after [`LazyPkIndex::caught_up`] returns, the index
+/// covers exactly the batches it was given, so every answer is the one an
+/// index maintained at insert would give.
+#[derive(Debug, Default)]
+pub(crate) struct LazyPkIndex {
+    inner: Mutex<Indexed>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Indexed {
+    index: PkIndex,
+    /// Batches already in `index` (a prefix of the memtable's batches).
+    batches: usize,
+}
+
+impl Indexed {
+    /// The index, covering the batches it was caught up to.
+    pub(crate) fn index(&self) -> &PkIndex {
+        &self.index
+    }
+}
+
+impl LazyPkIndex {
+    /// The index covering every batch of `batches` (whose first rows are at
+    /// `starts`), indexing those it has not seen yet; held locked.
+    pub(crate) fn caught_up(
+        &self,
+        schema: &TableSchema,
+        batches: &[RecordBatch],
+        starts: &[u32],
+    ) -> Result<MutexGuard<'_, Indexed>> {
+        let mut indexed = self.inner.lock();
+        while indexed.batches < batches.len() {
+            let b = indexed.batches;
+            let keys = key_columns(schema, &batches[b])?;
+            indexed
+                .index
+                .insert(&keys, batches[b].num_rows(), starts[b]);
+            indexed.batches += 1;
+        }
+        Ok(indexed)
+    }
+
+    /// Heap held by the index built so far.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.inner.lock().index.heap_bytes()
+    }
+}
 
 /// Encoded keys of all physical rows plus key -> newest row.
 ///
@@ -75,16 +150,6 @@ impl PkIndex {
         self.table
             .find(hash, |&r| key_of(&self.arena, &self.ends, r) == key)
             .copied()
-    }
-
-    /// The encoded key of physical row `row`.
-    pub(crate) fn key(&self, row: u32) -> &[u8] {
-        key_of(&self.arena, &self.ends, row)
-    }
-
-    /// The arena and end offsets (row r's key is `arena[ends[r-1]..ends[r]]`).
-    pub(crate) fn raw(&self) -> (&[u8], &[usize]) {
-        (&self.arena, &self.ends)
     }
 
     /// Rows replaced by a newer row of their key, sorted ascending.

@@ -61,9 +61,9 @@ fn last_write_wins_across_batches_and_deletes() {
     assert!(frozen.get(&[KeyValue::Int64(9)]).unwrap().is_none());
     assert_eq!(frozen.num_rows(), 13);
     assert_eq!(frozen.num_tombstones(), 1);
-    assert_eq!(frozen.num_keys(), Some(2));
+    assert_eq!(frozen.num_keys().unwrap(), Some(2));
 
-    let flush = frozen.flush_data();
+    let flush = frozen.flush_data().unwrap();
     let mut expected: Vec<u32> = vec![0];
     expected.extend(2..=11);
     assert_eq!(flush.deleted_rows, expected);
@@ -105,7 +105,7 @@ fn later_row_of_one_batch_wins() {
         int_of(&mt.get(&[KeyValue::Int64(1)]).unwrap().unwrap(), "v"),
         12
     );
-    assert_eq!(mt.freeze().flush_data().deleted_rows, vec![0, 1]);
+    assert_eq!(mt.freeze().flush_data().unwrap().deleted_rows, vec![0, 1]);
 }
 
 /// Composite keys `(a: Int32, b: Utf8)` declared with positions in reverse
@@ -137,7 +137,7 @@ fn composite_keys_are_distinct_and_ordered_by_position() {
     assert_eq!(get(&mt, 1, "x\0"), Some(4));
     assert_eq!(get(&mt, 1, ""), Some(5));
     assert_eq!(get(&mt, 2, "y"), None);
-    assert_eq!(mt.num_keys(), Some(5));
+    assert_eq!(mt.num_keys().unwrap(), Some(5));
     // Deleting by a batch carrying the key columns in any order.
     let keys = RecordBatch::try_new(
         Arc::new(Schema::new(vec![
@@ -153,7 +153,7 @@ fn composite_keys_are_distinct_and_ordered_by_position() {
     mt.delete(&keys).unwrap();
     assert_eq!(get(&mt, 1, "y"), None);
     assert_eq!(get(&mt, 1, "x"), Some(6));
-    let flush = mt.freeze().flush_data();
+    let flush = mt.freeze().flush_data().unwrap();
     assert_eq!(flush.deleted_rows, vec![0, 1]);
     // Key column payload: Int32 (4 B) + Utf8 (offsets 4 B + bytes) per row.
     assert!(flush.stats.primary_key_bytes.unwrap() > 7 * 8);
@@ -306,7 +306,7 @@ fn append_only_tables_keep_every_row() {
         .unwrap();
     mt.insert(&int_rows(&schema, &[1], &[4])).unwrap();
     assert_eq!(mt.num_rows(), 4);
-    assert_eq!(mt.num_keys(), None);
+    assert_eq!(mt.num_keys().unwrap(), None);
     assert!(matches!(
         mt.get(&[KeyValue::Int64(1)]),
         Err(MemTableError::NoPrimaryKey { .. })
@@ -323,7 +323,7 @@ fn append_only_tables_keep_every_row() {
         .map(RecordBatch::num_rows)
         .sum();
     assert_eq!(visible, 4);
-    let flush = frozen.flush_data();
+    let flush = frozen.flush_data().unwrap();
     assert!(flush.deleted_rows.is_empty());
     assert!(flush.keys.is_none());
     assert_eq!(flush.stats.primary_key_bytes, None);
@@ -693,7 +693,7 @@ fn frozen_memtable_reads_and_stats() {
         int_of(&other.get(&[KeyValue::Int64(2)]).unwrap().unwrap(), "v"),
         2
     );
-    let flush = frozen.flush_data();
+    let flush = frozen.flush_data().unwrap();
     assert_eq!(flush.stats.in_memory_bytes, usage.payload_bytes as u64);
     // id column: 3 * 8 bytes of values.
     assert_eq!(flush.stats.primary_key_bytes, Some(24));

@@ -150,7 +150,7 @@ async fn write_retrying(
     generation: u64,
     memtable: &FrozenMemTable,
 ) -> Result<WrittenSsTable> {
-    let data = memtable.flush_data();
+    let data = memtable.flush_data().map_err(Error::from_memtable)?;
     let _permit = inner
         .flush_permits
         .clone()

@@ -151,7 +151,7 @@ pub fn flush(schema: &Arc<TableSchema>, ops: &[Op]) -> FlushData {
             }
         }
     }
-    mt.freeze().flush_data()
+    mt.freeze().flush_data().unwrap()
 }
 
 /// Every file below `dir` on disk, relative to `root`, `/`-separated.
