@@ -139,3 +139,65 @@ async fn unsharded_memwal_abandoned_upstream_takes_over() {
 async fn bucket_memwal_abandoned_upstream_takes_over() {
     memwal_abandoned_then_upstream_takes_over(Sharding::Bucket).await;
 }
+
+// Breaks if upstream cannot replay an entry memwal wrote as several IPC
+// messages (a put larger than `codec::MESSAGE_BODY_BYTES`), or replays its
+// slices out of order or only in part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_replays_a_put_memwal_wrote_as_several_messages() {
+    let (t, mut model) = Table::create(Sharding::Unsharded, false).await;
+    let shards = t.shards();
+    let s = &shards[0];
+    let ours = t
+        .open_memwal(s, s.memwal_config())
+        .await
+        .unwrap_or_else(|e| panic!("memwal opens the shard: {e}"));
+    // The put's last rows overwrite its first keys under another tag, so a
+    // replay that reorders or drops slices shows the wrong row.
+    let (first, last): (Vec<i64>, Vec<i64>) =
+        ((100_000..103_000).collect(), (100_000..100_010).collect());
+    let (tag, later) = ("big".repeat(400), "later".to_string());
+    let batch = arrow_select::concat::concat_batches(
+        &table_schema(),
+        &[rows(&first, &tag), rows(&last, &later)],
+    )
+    .unwrap_or_else(|e| panic!("one put of both: {e}"));
+    let messages = memwal_wal::codec::message_count(&batch);
+    assert!(
+        messages >= 3,
+        "a {}-row put is {messages} message(s)",
+        batch.num_rows()
+    );
+    ours.put(&batch)
+        .await
+        .unwrap_or_else(|e| panic!("memwal put: {e}"));
+    model.put(&first, &tag);
+    model.put(&last, &later);
+    // And a delete of keys the large put wrote (replayed after it).
+    let gone = [100_020, 102_999];
+    ours.delete(&keys(&gone))
+        .await
+        .unwrap_or_else(|e| panic!("memwal delete: {e}"));
+    model.delete(&gone);
+    let up = t
+        .open_upstream(s)
+        .await
+        .unwrap_or_else(|e| panic!("upstream opens memwal's shard: {e}"));
+    run(
+        Writer::Upstream(&up),
+        s,
+        &[Step::Flush],
+        "up-replayed",
+        &mut model,
+    )
+    .await;
+    assert_view(
+        &t.upstream_view(&shards).await,
+        &model,
+        "after upstream replayed a put written as several messages",
+    );
+    up.close()
+        .await
+        .unwrap_or_else(|e| panic!("upstream close: {e}"));
+    drop(ours);
+}

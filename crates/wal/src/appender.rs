@@ -63,7 +63,9 @@ pub struct AppendAck {
     pub position: u64,
     /// The generation recorded in that entry.
     pub generation: u64,
-    /// Indexes of this append's batches among the entry's batches.
+    /// Indexes of this append's batches among the entry's decoded batches
+    /// ([`crate::WalEntry::batches`]; a batch larger than
+    /// [`crate::codec::MESSAGE_BODY_BYTES`] spans several).
     pub batches: Range<usize>,
 }
 

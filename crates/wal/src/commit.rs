@@ -360,7 +360,8 @@ impl CommitTask {
         let waiters = group
             .into_iter()
             .map(|p| {
-                let range = offset..offset + p.batches.len();
+                let messages: usize = p.batches.iter().map(crate::codec::message_count).sum();
+                let range = offset..offset + messages;
                 offset = range.end;
                 (p.tx, range)
             })
