@@ -17,12 +17,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use arrow_flight::decode::{DecodedPayload, FlightDataDecoder};
-use arrow_flight::error::FlightError;
 use arrow_flight::FlightData;
 use arrow_ipc::{BodyCompressionMethod, CompressionType, MessageHeader};
 use bytes::Bytes;
-use futures::{FutureExt, Stream, StreamExt};
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
 use tonic::Status;
 
 /// Bounds on what clients may make the daemon hold. Past any of them a
@@ -239,7 +238,10 @@ type Pending = Arc<parking_lot::Mutex<Vec<tokio::sync::OwnedSemaphorePermit>>>;
 /// is decoded.
 pub(crate) struct IngestInput {
     table: String,
-    decoder: FlightDataDecoder,
+    /// The client's messages, each checked ([`check_message`]) and its
+    /// budget taken as it is read.
+    messages: BoxStream<'static, Result<FlightData, Status>>,
+    ipc: crate::flight_ipc::FlightIpc,
     /// Budget permits of the messages the decoder has taken since the last
     /// batch was returned.
     pending: Pending,
@@ -269,10 +271,10 @@ impl IngestInput {
             }
             Ok(m)
         });
-        let checked = checked.map(|r: Result<FlightData, Status>| r.map_err(FlightError::from));
         Self {
             table: table.to_string(),
-            decoder: FlightDataDecoder::new(checked),
+            messages: checked.boxed(),
+            ipc: Default::default(),
             pending,
             cut,
         }
@@ -288,8 +290,7 @@ impl IngestInput {
     /// written: no write is in progress while the next message is awaited).
     pub(crate) async fn next(&mut self) -> Option<Result<Put, Status>> {
         loop {
-            let step = AssertUnwindSafe(self.decoder.next()).catch_unwind();
-            let step = tokio::select! {
+            let message = tokio::select! {
                 biased;
                 // A dropped sender never cuts (the pattern disables the branch).
                 Ok(_) = self.cut.wait_for(|c| *c) => {
@@ -299,10 +300,26 @@ impl IngestInput {
                         self.table
                     ))));
                 }
-                step = step => step,
+                m = self.messages.next() => m?,
             };
-            let item = match step {
-                Ok(item) => item?,
+            let data = match message {
+                Ok(data) => data,
+                Err(status) => {
+                    return Some(Err(Status::new(
+                        status.code(),
+                        format!("table `{}`: {}", self.table, status.message()),
+                    )))
+                }
+            };
+            let ipc = &mut self.ipc;
+            let decoded = match std::panic::catch_unwind(AssertUnwindSafe(|| ipc.decode(&data))) {
+                Ok(Ok(decoded)) => decoded,
+                Ok(Err(reason)) => {
+                    return Some(Err(Status::invalid_argument(format!(
+                        "table `{}`: undecodable Flight data: {reason}",
+                        self.table
+                    ))))
+                }
                 Err(panic) => {
                     metrics::counter!("memwal_server_decode_panics_total", "table" => self.table.clone())
                         .increment(1);
@@ -313,26 +330,10 @@ impl IngestInput {
                     ))));
                 }
             };
-            let decoded = match item {
-                Ok(d) => d,
-                Err(FlightError::Tonic(status)) => {
-                    return Some(Err(Status::new(
-                        status.code(),
-                        format!("table `{}`: {}", self.table, status.message()),
-                    )))
-                }
-                Err(e) => {
-                    return Some(Err(Status::invalid_argument(format!(
-                        "table `{}`: undecodable Flight data: {e}",
-                        self.table
-                    ))))
-                }
-            };
-            let app_metadata = decoded.app_metadata();
-            if let DecodedPayload::RecordBatch(batch) = decoded.payload {
+            if let Some(batch) = decoded {
                 return Some(Ok(Put {
                     batch,
-                    app_metadata,
+                    app_metadata: data.app_metadata,
                     _budget: std::mem::take(&mut *self.pending.lock()),
                 }));
             }

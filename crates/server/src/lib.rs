@@ -14,6 +14,7 @@ mod decode;
 mod error;
 mod evolve;
 mod flight;
+mod flight_ipc;
 pub mod http;
 mod ingest;
 mod limits;
