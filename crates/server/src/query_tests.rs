@@ -409,15 +409,19 @@ async fn vector_table(dir: &tempfile::TempDir, rows: i64, width: usize) -> Arc<H
 
 // Breaks if an exact vector search holds what it reads without charging
 // the query's budget first (it charged only the k rows it returned, once
-// the search was over): over a 1 MiB budget, a search whose batches are
-// ~4 MB must end RESOURCE_EXHAUSTED naming the budget, and give it back;
-// within the default budget it finds the nearest rows.
+// the search was over): over a 1 MiB budget, a search of whole rows whose
+// batches are ~4 MB must end RESOURCE_EXHAUSTED naming the budget, and
+// give it back; within the default budget it finds the nearest rows. And
+// if the search reads columns the query does not select: `SELECT id`
+// under the same 1 MiB budget reads only the key and the vectors, and
+// finds the same rows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exact_vector_search_charges_what_it_holds_before_it_holds_it() {
     use arrow_array::cast::AsArray;
     let dir = tempfile::tempdir().unwrap();
     let hosts = vector_table(&dir, 2000, 2000).await;
-    let sql = "SELECT id FROM vector_search('t', 'vec', '0,0,0,0', 3)";
+    let sql = "SELECT id, v FROM vector_search('t', 'vec', '0,0,0,0', 3)";
+    let narrow = "SELECT id FROM vector_search('t', 'vec', '0,0,0,0', 3)";
     let small = Queries::new(
         hosts.clone(),
         QueryLimits {
@@ -435,18 +439,23 @@ async fn an_exact_vector_search_charges_what_it_holds_before_it_holds_it() {
         hosts["t"].reader().kept_bytes(),
         "the search's memory is given back (the index kept over the unflushed rows stays)"
     );
+    let ids = |batches: Vec<RecordBatch>| -> Vec<i64> {
+        batches
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_primitive::<arrow_array::types::Int64Type>()
+                    .values()
+                    .to_vec()
+            })
+            .collect()
+    };
+    let found = all(&small, narrow).await;
+    assert_eq!(
+        ids(found.unwrap_or_else(|e| panic!("`{narrow}` under 1 MiB: {e}"))),
+        [0, 1, 2]
+    );
     let queries = Queries::new(hosts, QueryLimits::default());
-    let ids: Vec<i64> = all(&queries, sql)
-        .await
-        .unwrap()
-        .iter()
-        .flat_map(|b| {
-            b.column(0)
-                .as_primitive::<arrow_array::types::Int64Type>()
-                .values()
-                .to_vec()
-        })
-        .collect();
-    assert_eq!(ids, [0, 1, 2]);
+    assert_eq!(ids(all(&queries, sql).await.unwrap()), [0, 1, 2]);
     assert_eq!(queries.reserved(), 0);
 }

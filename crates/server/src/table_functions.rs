@@ -173,8 +173,16 @@ impl TableProvider for Search {
                 use datafusion::execution::memory_pool::MemoryConsumer;
                 let budget = MemoryConsumer::new("memwal exact vector search")
                     .register(&state.runtime_env().memory_pool);
+                // Only the columns the query selects are read (the rest
+                // are answered null and never shown).
+                let wanted: Option<Vec<&str>> = projection.map(|p| {
+                    p.iter()
+                        .filter_map(|&i| self.schema.fields().get(i))
+                        .map(|f| f.name().as_str())
+                        .collect()
+                });
                 self.host
-                    .nearest_within(column, vector, *k, None, Some(&budget))
+                    .nearest_within(column, vector, *k, None, Some(&budget), wanted.as_deref())
                     .await
             }
             Request::FullText {

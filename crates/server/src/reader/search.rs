@@ -60,7 +60,8 @@ impl TableHost {
         k: usize,
         filter: Option<Expr>,
     ) -> Result<RecordBatch, ServerError> {
-        self.nearest_within(column, vector, k, filter, None).await
+        self.nearest_within(column, vector, k, filter, None, None)
+            .await
     }
 
     /// [`Self::nearest`] for a query: an exact search charges what it
@@ -68,6 +69,11 @@ impl TableHost {
     /// concatenation) to `budget` before it takes it, and fails with
     /// [`ServerError::OverBudget`] past it. `budget` is empty again when
     /// the search returns (the caller charges the result it keeps).
+    ///
+    /// `wanted`: the columns the caller will use (`None`: all). An exact
+    /// search then reads only those, the key columns, the non-nullable
+    /// columns and `column` (a query selecting `id, _distance` does not
+    /// read the table's other columns); the others come back null.
     pub(crate) async fn nearest_within(
         &self,
         column: &str,
@@ -75,6 +81,7 @@ impl TableHost {
         k: usize,
         filter: Option<Expr>,
         budget: Option<&MemoryReservation>,
+        wanted: Option<&[&str]>,
     ) -> Result<RecordBatch, ServerError> {
         let invalid = |reason: String| ServerError::InvalidInput {
             table: self.name().to_string(),
@@ -109,8 +116,35 @@ impl TableHost {
         self.count_read("vector");
         let out = result_schema(&schema, DISTANCE_COLUMN);
         let Some(spec) = self.maintained_index(column, "vector").await? else {
+            let read: Option<Vec<&str>> = wanted.map(|wanted| {
+                let keys = self.key_schema();
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| f.name().as_str())
+                    .filter(|n| {
+                        *n == column
+                            || wanted.contains(n)
+                            || keys.field_with_name(n).is_ok()
+                            || schema.field_with_name(n).is_ok_and(|f| !f.is_nullable())
+                    })
+                    .collect()
+            });
+            let out = match &read {
+                None => out,
+                Some(names) => {
+                    let at: Vec<usize> = names
+                        .iter()
+                        .filter_map(|n| schema.index_of(n).ok())
+                        .collect();
+                    let projected = schema
+                        .project(&at)
+                        .map_err(|e| self.failed("vector search", e.to_string()))?;
+                    result_schema(&Arc::new(projected), DISTANCE_COLUMN)
+                }
+            };
             let found = self
-                .exact_nearest(column, vector, k, filter, &out, budget)
+                .exact_nearest(column, vector, k, filter, read.as_deref(), &out, budget)
                 .await;
             if let Some(b) = budget {
                 b.free();
@@ -201,17 +235,20 @@ impl TableHost {
     /// `column` by squared L2, nearest first, in `out`: every live row's
     /// distance, computed as the table streams by, keeping only the `k`
     /// best so far (memory: `k` rows and one batch, charged to `budget`
-    /// step by step when given).
+    /// step by step when given). `read`: the columns scanned (`out`'s,
+    /// without the distance; `None`: every column).
+    #[allow(clippy::too_many_arguments)]
     async fn exact_nearest(
         &self,
         column: &str,
         vector: &[f32],
         k: usize,
         filter: Option<Expr>,
+        read: Option<&[&str]>,
         out: &SchemaRef,
         budget: Option<&MemoryReservation>,
     ) -> Result<RecordBatch, ServerError> {
-        let mut rows = self.scan_stream(filter, None, None).await?;
+        let mut rows = self.scan_stream(filter, read, None).await?;
         let mut best = RecordBatch::new_empty(out.clone());
         while let Some(batch) = futures::StreamExt::next(&mut rows).await {
             let batch = batch.map_err(|e| self.query_failed(e))?;
