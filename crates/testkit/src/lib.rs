@@ -11,6 +11,7 @@
 //! depends on timing unless a hook asks for a delay.
 
 mod errors;
+pub mod etcd;
 mod fault_store;
 mod gate;
 pub mod invariants;
@@ -18,6 +19,7 @@ pub mod reads;
 pub mod s3;
 
 pub use errors::{http_status_error, local_rename_error, local_sync_error, permission_denied};
+pub use etcd::EtcdServer;
 pub use fault_store::{Action, FaultStore, InjectError, Op, OpKind};
 pub use gate::Gate;
 pub use s3::{s3_test_location, S3_URI_ENV};
