@@ -1,12 +1,16 @@
-//! The `memwal` binary's build script: the S3-tests cfg shared with the
-//! other crates, and `MEMWAL_GIT_COMMIT` for `memwal --version` (the
+//! The `memwal` binary's build script: the S3- and etcd-tests cfgs shared
+//! with the other crates, and `MEMWAL_GIT_COMMIT` for `memwal --version` (the
 //! checkout's commit, `unknown` when built outside a git checkout).
 
 #[path = "../../crates/testkit/s3_tests_cfg.rs"]
 mod s3_tests_cfg;
 
+#[path = "../../crates/testkit/etcd_tests_cfg.rs"]
+mod etcd_tests_cfg;
+
 fn main() {
     s3_tests_cfg::main();
+    etcd_tests_cfg::main();
     let git = |args: &[&str]| {
         std::process::Command::new("git")
             .args(args)

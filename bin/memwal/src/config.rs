@@ -36,6 +36,10 @@
 //! token_file = "/run/memwal/token"  # ... read from this file instead (not in `ps`)
 //! tls_cert = "server.pem"        # serve Flight over TLS (PEM certificate chain
 //! tls_key = "server.key"         #   and private key; both or neither)
+//! cluster = "http://etcd1:2379,http://etcd2:2379"  # join a cluster through etcd (shards placed and failed over)
+//! advertise = "grpc://10.0.0.5:50051"  # how the other members reach this daemon's Flight service
+//! cluster_failover_ms = 10000    # a dead member's shards are served again within about this long
+//! cluster_prefix = "/memwal"     # etcd key prefix shared by one cluster's daemons
 //! [writer]                       # every shard writer's settings (writer_config.rs):
 //! memtable_max_mib = 64          #   unset keys: built-in default or the table's
 //! flush_concurrency = 2          #   writer_config_defaults
@@ -53,6 +57,7 @@
 //! `MEMWAL_QUERY_MEMORY_MIB`, `MEMWAL_QUERY_TIMEOUT_MS`, `MEMWAL_QUERY_TOTAL_MEMORY_MIB`,
 //! `MEMWAL_QUERY_MAX_CONCURRENT`, `MEMWAL_QUERY_MAX_SQL_BYTES`, `MEMWAL_QUERY_MAX_EXPR_DEPTH`,
 //! `MEMWAL_QUERY_MAX_K`, `MEMWAL_LANCE_IO_BUFFER_MIB`, `MEMWAL_LANCE_FRAGMENT_READAHEAD`,
+//! `MEMWAL_CLUSTER`, `MEMWAL_ADVERTISE`, `MEMWAL_CLUSTER_FAILOVER_MS`, `MEMWAL_CLUSTER_PREFIX`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
 //! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
@@ -157,6 +162,19 @@ pub struct ServeConfig {
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of `tls_cert`.
     pub tls_key: Option<PathBuf>,
+    /// etcd endpoints (comma-separated `http://HOST:PORT`, or
+    /// `etcd://HOST:PORT,...`): the daemon joins that cluster, and the
+    /// tables' shards are spread over its live members and failed over.
+    pub cluster: Option<String>,
+    /// This daemon's Flight address as the other members reach it
+    /// (`grpc://HOST:PORT`); required with `cluster`.
+    pub advertise: Option<String>,
+    /// A member not heard from for about this long is gone, and its
+    /// shards are claimed by the survivors (etcd lease TTL: 60% of it,
+    /// whole seconds, at least 2 s; the rest covers the claim).
+    pub cluster_failover_ms: u64,
+    /// The etcd key prefix one cluster's daemons share.
+    pub cluster_prefix: String,
     /// Every shard writer's settings (`[writer]`).
     pub writer: WriterSettings,
 }
@@ -197,6 +215,10 @@ impl Default for ServeConfig {
             token_file: None,
             tls_cert: None,
             tls_key: None,
+            cluster: None,
+            advertise: None,
+            cluster_failover_ms: 10_000,
+            cluster_prefix: "/memwal".into(),
             writer: WriterSettings::default(),
         }
     }
@@ -330,6 +352,22 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// Join a cluster through etcd: ENDPOINTS comma-separated
+    /// (`etcd://10.0.0.1:2379,10.0.0.2:2379`); shards are spread over the
+    /// live members, failed over, and any member takes any put.
+    #[arg(long, value_name = "ENDPOINTS")]
+    pub cluster: Option<String>,
+    /// This daemon's Flight address as the other members reach it
+    /// (`grpc://10.0.0.5:50051`); required with --cluster.
+    #[arg(long, value_name = "URL")]
+    pub advertise: Option<String>,
+    /// A dead member's shards are served again within about this many
+    /// milliseconds [default: 10000].
+    #[arg(long)]
+    pub cluster_failover_ms: Option<u64>,
+    /// The etcd key prefix of this cluster [default: /memwal].
+    #[arg(long)]
+    pub cluster_prefix: Option<String>,
     /// A shard writer setting, KEY=VALUE (repeatable): the `[writer]` keys
     /// of the settings file (`--writer memtable_max_mib=128`).
     #[arg(long = "writer", value_name = "KEY=VALUE")]
@@ -449,6 +487,18 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(t) = &args.token {
         put("token", t.clone().into());
     }
+    for (k, v) in [
+        ("cluster", &args.cluster),
+        ("advertise", &args.advertise),
+        ("cluster_prefix", &args.cluster_prefix),
+    ] {
+        if let Some(v) = v {
+            put(k, v.clone().into());
+        }
+    }
+    if let Some(ms) = args.cluster_failover_ms {
+        put("cluster_failover_ms", ms.into());
+    }
     if !args.writer.is_empty() {
         let mut writer = serde_json::Map::new();
         for flag in &args.writer {
@@ -514,6 +564,10 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "token_file",
             "tls_cert",
             "tls_key",
+            "cluster",
+            "advertise",
+            "cluster_failover_ms",
+            "cluster_prefix",
         ]))
         .merge(Env::prefixed("MEMWAL_WRITER_").map(|k| format!("writer.{k}").into()))
         .extract()
@@ -571,6 +625,31 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
     for (table, list) in &config.shards {
         parse_buckets(list).map_err(|e| format!("shards of `{table}`: {e}"))?;
     }
+    if let Some(cluster) = &config.cluster {
+        etcd_endpoints(cluster)?;
+        if config.advertise.as_deref().is_none_or(str::is_empty) {
+            return Err("cluster: give `advertise`, the Flight address the other members reach this daemon at (grpc://HOST:PORT)".into());
+        }
+        if !config.shards.is_empty() {
+            return Err(
+                "cluster: the cluster places shards; `shards` lists cannot be given with it".into(),
+            );
+        }
+        if config.tls_cert.is_some() {
+            return Err("cluster: members forward puts to each other over plain gRPC; TLS is not supported with a cluster yet".into());
+        }
+        if config.cluster_failover_ms < 3000 {
+            return Err("cluster_failover_ms must be at least 3000 (etcd leases last whole seconds, at least 2)".into());
+        }
+        if !config.cluster_prefix.starts_with('/') || config.cluster_prefix.len() < 2 {
+            return Err(format!(
+                "cluster_prefix `{}`: must start with `/` and name something",
+                config.cluster_prefix
+            ));
+        }
+    } else if config.advertise.is_some() {
+        return Err("advertise is only used with cluster".into());
+    }
     config.writer.to_config()?;
     Ok(config)
 }
@@ -584,6 +663,32 @@ pub fn print(config: &ServeConfig) -> Result<String, String> {
     }
     shown.writer = shown.writer.filled();
     toml::to_string(&shown).map_err(|e| format!("printing the settings: {e}"))
+}
+
+/// The etcd endpoints of a `cluster` setting: comma-separated, each
+/// `etcd://HOST:PORT`, `http://HOST:PORT` or `HOST:PORT` (as `http://`).
+pub fn etcd_endpoints(list: &str) -> Result<Vec<String>, String> {
+    let endpoints: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let rest = e
+                .strip_prefix("etcd://")
+                .or_else(|| e.strip_prefix("http://"))
+                .unwrap_or(e);
+            if rest.contains("://") || !rest.contains(':') {
+                return Err(format!(
+                    "cluster: `{e}` is not an etcd endpoint (etcd://HOST:PORT)"
+                ));
+            }
+            Ok(format!("http://{rest}"))
+        })
+        .collect::<Result<_, _>>()?;
+    if endpoints.is_empty() {
+        return Err("cluster: no etcd endpoint given".into());
+    }
+    Ok(endpoints)
 }
 
 /// Parses a bucket list: numbers and inclusive ranges, comma-separated

@@ -132,6 +132,8 @@ fn the_example_config_loads_and_lists_every_key() {
         full.tls_key = Some("k".into());
         full.tables.insert("t".into(), "/t".into());
         full.shards.insert("t".into(), "0".into());
+        full.cluster = Some("etcd://e:1".into());
+        full.advertise = Some("grpc://a:1".into());
         let printed: toml::Table = toml::from_str(&print(&full)?).unwrap();
         let keys = printed.iter().flat_map(|(k, v)| match v {
             toml::Value::Table(t) if k == "writer" => t.keys().cloned().collect(),
@@ -204,6 +206,56 @@ fn writer_settings_layer_and_bad_ones_are_named() {
             e.contains("sstable_compression") || e.contains("zip"),
             "{e}"
         );
+        Ok(())
+    });
+}
+
+// Breaks if the cluster settings are not layered like every other setting,
+// if an etcd endpoint list is misread, or if a combination that cannot
+// work (no advertise address, static shard lists, TLS, a failover shorter
+// than etcd's shortest lease) is accepted.
+#[test]
+fn cluster_settings_layer_and_bad_ones_are_refused() {
+    assert_eq!(
+        etcd_endpoints("etcd://a:2379, http://b:2379,c:1").unwrap(),
+        ["http://a:2379", "http://b:2379", "http://c:1"]
+    );
+    for bad in ["", " , ", "a", "https://a:1", "etcd://a"] {
+        assert!(etcd_endpoints(bad).is_err(), "{bad}");
+    }
+    figment::Jail::expect_with(|jail| {
+        let args = ServeArgs {
+            tables: vec!["t=/x".into()],
+            cluster: Some("etcd://e:2379".into()),
+            advertise: Some("grpc://10.0.0.1:50051".into()),
+            ..Default::default()
+        };
+        let c = resolve(&args).map_err(|e| e.to_string())?;
+        assert_eq!(c.cluster_failover_ms, 10_000, "default");
+        assert_eq!(c.cluster_prefix, "/memwal", "default");
+        jail.set_env("MEMWAL_CLUSTER_FAILOVER_MS", "4000");
+        jail.set_env("MEMWAL_ADVERTISE", "grpc://10.0.0.2:1");
+        let c = resolve(&args).map_err(|e| e.to_string())?;
+        assert_eq!(c.cluster_failover_ms, 4000, "environment");
+        assert_eq!(c.advertise.as_deref(), Some("grpc://10.0.0.2:1"));
+        jail.set_env("MEMWAL_CLUSTER_FAILOVER_MS", "1000");
+        assert!(resolve(&args).unwrap_err().contains("cluster_failover_ms"));
+        jail.set_env("MEMWAL_CLUSTER_FAILOVER_MS", "4000");
+        jail.set_env("MEMWAL_ADVERTISE", "");
+        assert!(resolve(&args).unwrap_err().contains("advertise"));
+        jail.set_env("MEMWAL_ADVERTISE", "grpc://10.0.0.2:1");
+        let with_shards = ServeArgs {
+            shards: vec!["t=0".into()],
+            ..args.clone()
+        };
+        assert!(resolve(&with_shards).unwrap_err().contains("shards"));
+        let alone = ServeArgs {
+            cluster: None,
+            ..args.clone()
+        };
+        assert!(resolve(&alone)
+            .unwrap_err()
+            .contains("advertise is only used with cluster"));
         Ok(())
     });
 }

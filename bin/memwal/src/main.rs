@@ -86,11 +86,19 @@ enum Command {
     /// Per shard: epoch, manifest version, generations, WAL positions,
     /// SSTables and compaction progress.
     Status {
-        /// Table URI.
-        uri: String,
+        /// Table URI (or give --cluster).
+        #[arg(required_unless_present = "cluster")]
+        uri: Option<String>,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// A cluster's members and shard owners, read from etcd
+        /// (ENDPOINTS as for `serve --cluster`) instead of a table.
+        #[arg(long, value_name = "ENDPOINTS", conflicts_with = "uri")]
+        cluster: Option<String>,
+        /// The cluster's etcd key prefix.
+        #[arg(long, default_value = "/memwal")]
+        cluster_prefix: String,
     },
     /// One table's shards in depth: manifest and stored versions, the WAL
     /// (entries, bytes, the newest ones decoded), SSTables and their
@@ -249,7 +257,18 @@ async fn run(cli: Cli) -> Result<String, String> {
             return table::init(&uri, schema, &sharding).await;
         }
         Command::Compact { uri } => return table::compact(&uri).await,
-        Command::Status { uri, json } => return table::status(&uri, json).await,
+        Command::Status {
+            uri,
+            json,
+            cluster,
+            cluster_prefix,
+        } => {
+            return match (uri, cluster) {
+                (_, Some(c)) => table::cluster_status(&c, &cluster_prefix, json).await,
+                (Some(uri), None) => table::status(&uri, json).await,
+                (None, None) => Err("give a table URI or --cluster".into()),
+            }
+        }
         Command::Inspect { uri, shard, json } => {
             return inspect::inspect(&uri, shard.as_deref(), json).await
         }

@@ -120,6 +120,29 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             .await
     });
 
+    // In a cluster: join before any table opens (the placement decides
+    // which shards this daemon claims).
+    let cluster = match &args.cluster {
+        Some(list) => {
+            let failover = Duration::from_millis(args.cluster_failover_ms);
+            let config = memwal_cluster::ClusterConfig {
+                endpoints: crate::config::etcd_endpoints(list)?,
+                advertise: args.advertise.clone().unwrap_or_default(),
+                prefix: args.cluster_prefix.clone(),
+                lease_ttl: Duration::from_secs_f64((failover.as_secs_f64() * 0.6).ceil().max(2.0)),
+            };
+            let c = memwal_cluster::Cluster::join(config)
+                .await
+                .map_err(|e| format!("joining the cluster: {e}"))?;
+            eprintln!(
+                "memwal: joined the cluster as member {} ({})",
+                c.id(),
+                c.advertise()
+            );
+            Some(c)
+        }
+        None => None,
+    };
     let mut hosts = HashMap::new();
     for (name, uri) in &names {
         let loc = open_store(uri).map_err(|e| format!("table `{name}`: {e}"))?;
@@ -127,9 +150,22 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             Some(list) => Some(crate::config::parse_buckets(list)?),
             None => None,
         };
-        let host = TableHost::open_buckets(name, loc, writer_config.clone(), buckets.as_deref())
-            .await
-            .map_err(|e| e.to_string())?;
+        let host = match &cluster {
+            Some(c) => {
+                TableHost::open_cluster(
+                    name,
+                    loc,
+                    writer_config.clone(),
+                    c.clone(),
+                    args.token.clone(),
+                )
+                .await
+            }
+            None => {
+                TableHost::open_buckets(name, loc, writer_config.clone(), buckets.as_deref()).await
+            }
+        }
+        .map_err(|e| e.to_string())?;
         host.set_min_flush_interval(Duration::from_millis(args.min_flush_interval_ms));
         host.set_shard_limits(memwal_server::ShardLimits {
             max_open: args.max_open_shards,
@@ -157,6 +193,13 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     } else {
         Vec::new()
     };
+
+    // In a cluster: each table's placement claims the shards placed here
+    // (with their replays) and hands over those placed elsewhere.
+    let placements: Vec<_> = hosts
+        .values()
+        .filter_map(|h| h.spawn_placement(stop_rx.clone()))
+        .collect();
 
     let _ = opened.set(hosts.clone());
 
@@ -267,7 +310,11 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     }
     // A reopen still running is dropped (at worst a claim nobody uses:
     // fencing makes that harmless); the shards then close.
-    for r in reopeners.into_iter().chain(schema_watches) {
+    for r in reopeners
+        .into_iter()
+        .chain(schema_watches)
+        .chain(placements)
+    {
         r.abort();
     }
     let closes = futures::future::join_all(hosts.iter().map(|(name, host)| async move {
@@ -276,7 +323,17 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             .map_err(|e| format!("closing table `{name}`: {e}"))
     }))
     .await;
-    let failed: Vec<String> = closes.into_iter().filter_map(Result::err).collect();
+    let mut failed: Vec<String> = closes.into_iter().filter_map(Result::err).collect();
+    // The shards are closed (flushed and published): leaving revokes the
+    // lease, so the survivors see this daemon's shards free at once and
+    // claim them (SIGTERM hands the shards over).
+    if let Some(c) = &cluster {
+        if let Err(e) = c.leave().await {
+            failed.push(format!(
+                "leaving the cluster: {e} (the lease expires on its own)"
+            ));
+        }
+    }
     let _ = http_task.await;
     if failed.is_empty() {
         Ok("memwal: stopped\n".into())

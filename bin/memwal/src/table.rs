@@ -1,5 +1,5 @@
-//! `memwal init`, `memwal compact`, `memwal gc`: table setup and
-//! maintenance.
+//! `memwal init`, `memwal compact`, `memwal gc`, `memwal status`: table
+//! setup, maintenance and state (of a table, or of a cluster).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -315,6 +315,62 @@ pub async fn gc(
     } else {
         Err(format!("{out}{}", failed.join("\n")))
     }
+}
+
+/// `memwal status --cluster ENDPOINTS`: the members of the cluster under
+/// `prefix` and every recorded shard with its owner and the member the
+/// cluster places it on now (a move is in progress where they differ).
+pub async fn cluster_status(endpoints: &str, prefix: &str, json: bool) -> Result<String, String> {
+    let endpoints = crate::config::etcd_endpoints(endpoints)?;
+    let view = memwal_cluster::read_cluster(&endpoints, prefix)
+        .await
+        .map_err(|e| e.to_string())?;
+    let members: Vec<serde_json::Value> = view
+        .members()
+        .map(|m| serde_json::json!({ "id": m.id, "advertise": m.advertise }))
+        .collect();
+    let shards: Vec<serde_json::Value> = view
+        .owners()
+        .map(|((table, shard), o)| {
+            serde_json::json!({
+                "table": table,
+                "shard": shard,
+                "owner": o.member,
+                "desired": view.desired(table, shard).map(|m| m.id.clone()),
+                "values": o.values,
+            })
+        })
+        .collect();
+    if json {
+        return Ok(format!(
+            "{}\n",
+            serde_json::json!({ "revision": view.revision, "members": members, "shards": shards })
+        ));
+    }
+    let mut out = format!(
+        "cluster {prefix}: {} members (etcd revision {})\n",
+        members.len(),
+        view.revision
+    );
+    for m in view.members() {
+        let owned = view.owners().filter(|(_, o)| o.member == m.id).count();
+        out.push_str(&format!(
+            "  member {} at {}: {owned} shards\n",
+            m.id, m.advertise
+        ));
+    }
+    for ((table, shard), o) in view.owners() {
+        let desired = view
+            .desired(table, shard)
+            .map(|m| m.id.as_str())
+            .unwrap_or("-");
+        let moving = if desired == o.member { "" } else { " (moving)" };
+        out.push_str(&format!(
+            "  {table} {shard}: owner {} desired {desired}{moving}\n",
+            o.member
+        ));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

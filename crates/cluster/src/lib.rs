@@ -29,5 +29,5 @@ pub mod rendezvous;
 mod view;
 
 pub use error::ClusterError;
-pub use member::{Acquired, Cluster, ClusterConfig};
+pub use member::{read_cluster, Acquired, Cluster, ClusterConfig};
 pub use view::{Member, Owner, View};

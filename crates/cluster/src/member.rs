@@ -256,6 +256,29 @@ impl Cluster {
     }
 }
 
+/// The cluster under `prefix` as etcd holds it now, read once without
+/// joining (`memwal status --cluster`).
+pub async fn read_cluster(endpoints: &[String], prefix: &str) -> Result<View, ClusterError> {
+    let err = |what: &str| {
+        let endpoints = endpoints.join(",");
+        let what = what.to_string();
+        move |source| ClusterError::Etcd {
+            endpoints,
+            what,
+            source,
+        }
+    };
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5));
+    let mut client = Client::connect(endpoints, Some(options))
+        .await
+        .map_err(err("connecting"))?;
+    read_view(&mut client, prefix.trim_end_matches('/'))
+        .await
+        .map_err(err("reading the cluster"))
+}
+
 /// A lease and the member key under it; returns the lease id.
 async fn register(
     client: &mut Client,

@@ -29,6 +29,33 @@ pub enum ServerError {
         #[source]
         source: memwal::Error,
     },
+    /// The shard is moving between the daemons of a cluster (handed over,
+    /// its owner gone and not yet replaced, or this daemon cut off from
+    /// etcd): nothing was written; a retry lands on the new owner.
+    #[error("table `{table}`, shard {shard}: moving ({reason}); retry")]
+    Moving {
+        /// The table.
+        table: String,
+        /// The shard.
+        shard: String,
+        /// Why it cannot be written here now.
+        reason: String,
+    },
+    /// A part forwarded to the shard's owner in the cluster failed there
+    /// (or could not reach it); `code` is the owner's status code.
+    #[error("table `{table}`, shard {shard}: forwarded to {owner}: {message}")]
+    Forwarded {
+        /// The table.
+        table: String,
+        /// The shard(s) of the part.
+        shard: String,
+        /// The owner's advertised address.
+        owner: String,
+        /// The status code the owner (or the transport) answered.
+        code: Code,
+        /// Its message.
+        message: String,
+    },
     /// The shard was taken over by another writer; this daemon no longer
     /// serves it.
     #[error("table `{table}`, shard {shard}: served elsewhere now ({reason})")]
@@ -211,6 +238,7 @@ impl ServerError {
         match self {
             ServerError::Writer { source, .. } => source.may_be_durable(),
             ServerError::Partial { .. } => true,
+            ServerError::Forwarded { code, .. } => forwarded_may_be_durable(*code),
             _ => false,
         }
     }
@@ -220,6 +248,8 @@ impl ServerError {
         match self {
             ServerError::Writer { shard, .. }
             | ServerError::ServedElsewhere { shard, .. }
+            | ServerError::Moving { shard, .. }
+            | ServerError::Forwarded { shard, .. }
             | ServerError::Down { shard, .. }
             | ServerError::WalTail { shard, .. } => Some(shard),
             _ => None,
@@ -286,10 +316,24 @@ impl From<ServerError> for Status {
 /// that it may have been; `ABORTED` that some parts are durable. A read
 /// that failed on a transient storage failure is `UNAVAILABLE` (try
 /// again), on any other `INTERNAL`.
+/// Whether a forwarded part that ended with `code` may have been written
+/// by its owner: the owner's definite codes say nothing was; an unknown
+/// outcome there (or a transport failure after the part was sent) may
+/// have left it durable.
+fn forwarded_may_be_durable(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unknown | Code::Internal | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted
+    )
+}
+
 pub(crate) fn code_of(e: &ServerError) -> Code {
     match e {
         ServerError::Partial { .. } => Code::Aborted,
-        ServerError::Down { .. } | ServerError::Stopping { .. } => Code::Unavailable,
+        ServerError::Down { .. } | ServerError::Stopping { .. } | ServerError::Moving { .. } => {
+            Code::Unavailable
+        }
+        ServerError::Forwarded { code, .. } => *code,
         ServerError::TooFrequent { .. }
         | ServerError::ShardLimit { .. }
         | ServerError::OverBudget { .. } => Code::ResourceExhausted,

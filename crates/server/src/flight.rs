@@ -176,7 +176,19 @@ impl FlightService for IngestService {
             ));
         }
         let (t, _) = self.target(request.get_ref())?;
-        Ok(Response::new(flight_info(t.name(), &t.schema())?))
+        let mut info = flight_info(t.name(), &t.schema())?;
+        // In a cluster: one endpoint per shard, at its owner, so a client
+        // that routes by shard skips the forwarding hop (app_metadata: the
+        // shard id and its field values, hex).
+        for (shard, values, owner) in t.shard_owners() {
+            let metadata = json!({ "shard": shard, "values": values }).to_string();
+            info = info.with_endpoint(
+                arrow_flight::FlightEndpoint::new()
+                    .with_location(owner)
+                    .with_app_metadata(metadata.into_bytes()),
+            );
+        }
+        Ok(Response::new(info))
     }
 
     async fn poll_flight_info(
@@ -262,13 +274,19 @@ impl FlightService for IngestService {
             )
         } else {
             let (table, delete) = self.target(&descriptor)?;
+            // A part another cluster member forwarded: written here or
+            // refused, never forwarded again.
+            let forwarded = headers.get(crate::forward::FORWARDED_HEADER).is_some();
             let input = IngestInput::new(
                 table.name(),
                 messages,
                 self.budget.clone(),
                 self.cut.clone(),
             );
-            (table.clone(), ingest(table, delete, input, tx).boxed())
+            (
+                table.clone(),
+                ingest(table, delete, forwarded, input, tx).boxed(),
+            )
         };
         let task = async move {
             task.await;
@@ -434,6 +452,7 @@ fn spawn_monitored(
 async fn ingest(
     table: Arc<TableHost>,
     delete: bool,
+    forwarded: bool,
     mut input: IngestInput,
     mut tx: futures::channel::mpsc::Sender<Result<PutResult, Status>>,
 ) {
@@ -458,7 +477,12 @@ async fn ingest(
                 return;
             }
         };
-        let reply = match table.write_as(&batch, delete, seq.as_ref()).await {
+        let written = if forwarded {
+            table.write_forwarded(&batch, delete, seq.as_ref()).await
+        } else {
+            table.write_as(&batch, delete, seq.as_ref()).await
+        };
+        let reply = match written {
             Ok(parts) => {
                 let request_id = metadata.as_ref().and_then(|v| v.get("request_id").cloned());
                 let body = json!({

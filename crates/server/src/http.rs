@@ -86,7 +86,11 @@ async fn status(State(s): State<HttpState>, headers: HeaderMap) -> Response {
     for (name, t) in s.tables.get().iter().flat_map(|t| t.iter()) {
         tables.insert(
             name.clone(),
-            json!({ "shards": t.status().await, "index_catchup": t.index_catchup() }),
+            json!({
+                "shards": t.status().await,
+                "index_catchup": t.index_catchup(),
+                "cluster": t.cluster_status(),
+            }),
         );
     }
     Json(json!({

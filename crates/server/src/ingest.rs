@@ -7,13 +7,23 @@ use arrow_array::RecordBatch;
 use serde::Serialize;
 
 use crate::error::FailedPart;
+use crate::placement::Located;
 use crate::producer_gate::ProducerGates;
 use crate::table::ShardKey;
 use crate::{ServerError, TableHost};
 use memwal::{Gaps, ProducerSeq};
 
+/// Where a put came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A client: parts owned by other cluster members are forwarded.
+    Client,
+    /// Another cluster member: parts not owned here are refused.
+    Peer,
+}
+
 /// What one part of a put reached.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct PartAck {
     /// The shard.
     pub shard: String,
@@ -24,7 +34,7 @@ pub struct PartAck {
     pub wal_position: Option<u64>,
     /// True when the part's producer sequence was written before: nothing
     /// was written now (idempotent producers).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub duplicate: bool,
 }
 
@@ -94,7 +104,7 @@ impl TableHost {
         // never ends its call with OK.
         memwal_store::crash_point("server::before_write");
         let result = match seq {
-            None => self.write_parts(batch, delete, None).await,
+            None => self.write_parts(batch, delete, None, Origin::Client).await,
             Some(seq) => self.write_in_order(batch, delete, seq).await,
         };
         metrics::histogram!("memwal_server_put_seconds", "table" => self.name().to_string())
@@ -104,6 +114,21 @@ impl TableHost {
                 .increment(batch.num_rows() as u64);
         }
         result
+    }
+
+    /// [`Self::write_as`] for a put another cluster member forwarded (it
+    /// ordered the producer's batches already, so no producer gate here; each
+    /// shard still writes a sequence once). Parts this daemon is not placed
+    /// to write are refused with `UNAVAILABLE`, never forwarded again.
+    pub async fn write_forwarded(
+        &self,
+        batch: &RecordBatch,
+        delete: bool,
+        seq: Option<&ProducerSeq>,
+    ) -> Result<Vec<PartAck>, ServerError> {
+        metrics::counter!("memwal_server_forwarded_puts_received_total", "table" => self.name().to_string())
+            .increment(1);
+        self.write_parts(batch, delete, seq, Origin::Peer).await
     }
 
     async fn write_in_order(
@@ -128,7 +153,9 @@ impl TableHost {
                 expected,
             });
         }
-        let written = self.write_parts(batch, delete, Some(seq)).await?;
+        let written = self
+            .write_parts(batch, delete, Some(seq), Origin::Client)
+            .await?;
         place.completed(seq.epoch, seq.sequence);
         Ok(written)
     }
@@ -138,6 +165,7 @@ impl TableHost {
         batch: &RecordBatch,
         delete: bool,
         seq: Option<&ProducerSeq>,
+        origin: Origin,
     ) -> Result<Vec<PartAck>, ServerError> {
         self.shards().check_open()?;
         // One version of the table's columns for the whole put (a schema
@@ -178,6 +206,10 @@ impl TableHost {
                 })?
             }
         };
+        // 0. In a cluster, the parts of shards other members own go to
+        //    them (a shard moving now refuses the whole put: nothing
+        //    written, UNAVAILABLE).
+        let (parts, remote) = self.route(parts, origin)?;
         // 1. Everything that can refuse a part, for every part, before any
         //    is written: the shard's slot (owned, not lost, failed or down;
         //    opened if new) and the shard writer's own checks (its schema,
@@ -221,6 +253,19 @@ impl TableHost {
                 Err(source) => {
                     if source.is_fenced() {
                         self.shards().lose(&key, w.shard(), source.to_string());
+                        // In a cluster a fenced writer means the shard
+                        // moved: nothing was written, and a retry finds the
+                        // new owner (UNAVAILABLE, not FAILED_PRECONDITION).
+                        if self.shards().placement().is_some() {
+                            return Err((
+                                rows,
+                                ServerError::Moving {
+                                    table: self.name().to_string(),
+                                    shard: w.shard().to_string(),
+                                    reason: format!("claimed by another member ({source})"),
+                                },
+                            ));
+                        }
                     }
                     Err((
                         rows,
@@ -233,9 +278,40 @@ impl TableHost {
                 }
             }
         });
+        let forwards = remote.into_iter().map(|(member, part, shards)| async move {
+            let rows = part.num_rows();
+            let placement = self
+                .shards()
+                .placement()
+                .expect("remote parts only in a cluster");
+            placement
+                .peers()
+                .forward(
+                    &member.advertise,
+                    placement.cluster().id(),
+                    self.name(),
+                    &shards,
+                    &part,
+                    delete,
+                    seq,
+                )
+                .await
+                .map_err(|e| (rows, e))
+        });
+        let (written, forwarded) = futures::future::join(
+            futures::future::join_all(writes),
+            futures::future::join_all(forwards),
+        )
+        .await;
         let mut done = Vec::new();
         let mut failed = Vec::new();
-        for r in futures::future::join_all(writes).await {
+        for r in forwarded {
+            match r {
+                Ok(parts) => done.extend(parts),
+                Err(e) => failed.push(e),
+            }
+        }
+        for r in written {
             match r {
                 Ok(part) => done.push(part),
                 Err(e) => failed.push(e),
@@ -264,6 +340,68 @@ impl TableHost {
                 })
                 .collect(),
         })
+    }
+
+    /// Splits `parts` into those written here and those forwarded, by
+    /// owner (each owner's parts as one batch, with their shards named).
+    #[allow(clippy::type_complexity)]
+    fn route(
+        &self,
+        parts: Vec<(ShardKey, RecordBatch)>,
+        origin: Origin,
+    ) -> Result<
+        (
+            Vec<(ShardKey, RecordBatch)>,
+            Vec<(memwal_cluster::Member, RecordBatch, String)>,
+        ),
+        ServerError,
+    > {
+        let Some(placement) = self.shards().placement() else {
+            return Ok((parts, Vec::new()));
+        };
+        let spec_id = self.shards().spec_id();
+        let mut here = Vec::new();
+        let mut by_owner: std::collections::BTreeMap<
+            String,
+            (memwal_cluster::Member, Vec<RecordBatch>, Vec<String>),
+        > = Default::default();
+        for (key, part) in parts {
+            let shard = memwal::ShardId::for_values(spec_id, &key);
+            let moving = |reason: String| ServerError::Moving {
+                table: self.name().to_string(),
+                shard: shard.to_string(),
+                reason,
+            };
+            match placement.locate(self.name(), shard) {
+                Located::Here => here.push((key, part)),
+                Located::Moving(reason) => return Err(moving(reason)),
+                Located::At(m) if origin == Origin::Peer => {
+                    return Err(moving(format!(
+                        "forwarded here, but owned by {} now",
+                        m.advertise
+                    )))
+                }
+                Located::At(m) => {
+                    let entry = by_owner
+                        .entry(m.id.clone())
+                        .or_insert_with(|| (m, Vec::new(), Vec::new()));
+                    entry.1.push(part);
+                    entry.2.push(shard.to_string());
+                }
+            }
+        }
+        let mut remote = Vec::new();
+        for (_, (member, batches, shards)) in by_owner {
+            let schema = batches[0].schema();
+            let batch = arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| {
+                ServerError::InvalidInput {
+                    table: self.name().to_string(),
+                    reason: format!("joining the parts for {}: {e}", member.advertise),
+                }
+            })?;
+            remote.push((member, batch, shards.join(",")));
+        }
+        Ok((here, remote))
     }
 
     /// Sets how often `flush` actions may start (default

@@ -35,8 +35,8 @@ pub(crate) struct ShardSet {
     /// An unsharded table: one shard, no routing.
     unsharded: bool,
     config: ShardWriterConfig,
-    /// The shards this daemon may claim (`None`: all of them).
-    owned: Option<Owned>,
+    /// The shards this daemon may claim.
+    owned: Ownership,
     /// Every shard key the spec can produce, when it can be enumerated (an
     /// unsharded table, one bucket field): how a shard whose manifest does
     /// not decode is tied to its rows.
@@ -46,6 +46,16 @@ pub(crate) struct ShardSet {
     limits: parking_lot::Mutex<ShardLimits>,
     /// Set when [`Self::close`] starts: no shard opens after it.
     closing: AtomicBool,
+}
+
+/// Which shards of the table this daemon may claim.
+enum Ownership {
+    /// Every shard (one daemon per table).
+    All,
+    /// A configured subset of the buckets (`--shards`).
+    Buckets(Owned),
+    /// Those the cluster places here (`placement.rs`).
+    Cluster(crate::placement::Placement),
 }
 
 /// A configured subset of a bucket-sharded table's shards.
@@ -122,7 +132,10 @@ impl ShardSet {
         config: ShardWriterConfig,
         buckets: Option<&[u32]>,
     ) -> Result<Self, String> {
-        let owned = buckets.map(|b| bucket_keys(spec, b)).transpose()?;
+        let owned = match buckets {
+            Some(b) => Ownership::Buckets(bucket_keys(spec, b)?),
+            None => Ownership::All,
+        };
         let enumerable = if unsharded {
             Some(vec![ShardKey::new()])
         } else {
@@ -155,6 +168,26 @@ impl ShardSet {
         &self.loc
     }
 
+    /// The sharding spec's id.
+    pub(crate) fn spec_id(&self) -> u32 {
+        self.spec_id
+    }
+
+    /// Places this set's shards through a cluster (`placement.rs`): from
+    /// now on it claims only the shards the cluster assigns it. Called
+    /// once, before any shard opens.
+    pub(crate) fn join_cluster(&mut self, placement: crate::placement::Placement) {
+        self.owned = Ownership::Cluster(placement);
+    }
+
+    /// The cluster placement, when the set is in one.
+    pub(crate) fn placement(&self) -> Option<&crate::placement::Placement> {
+        match &self.owned {
+            Ownership::Cluster(p) => Some(p),
+            _ => None,
+        }
+    }
+
     /// Every opened slot, by key (a live writer's state folded in).
     pub(crate) fn snapshot(&self) -> Vec<(ShardKey, Slot)> {
         self.slots.snapshot()
@@ -163,6 +196,11 @@ impl ShardSet {
     /// Every cell, by key.
     pub(crate) fn cells(&self) -> Vec<(ShardKey, Arc<Cell>)> {
         self.slots.cells()
+    }
+
+    /// The cell of `key`, if it has one.
+    pub(crate) fn cell_if_any(&self, key: &ShardKey) -> Option<Arc<Cell>> {
+        self.slots.get(key)
     }
 
     /// The cell of `key`, created empty on first use.
@@ -203,6 +241,10 @@ impl ShardSet {
     /// its key is known; otherwise the table is refused. Any other failure
     /// fails the call.
     pub(crate) async fn open_existing(&self) -> Result<(), ServerError> {
+        if let Ownership::Cluster(_) = self.owned {
+            // The cluster's placement claims this daemon's shards.
+            return Ok(());
+        }
         let shards = memwal_table::list_shards(&self.loc)
             .await
             .map_err(|e| self.setup(e.to_string()))?;
@@ -243,7 +285,7 @@ impl ShardSet {
                 continue;
             }
             let key = self.key_of(identity.field_values);
-            if self.owned.as_ref().is_some_and(|o| !o.keys.contains(&key)) {
+            if matches!(&self.owned, Ownership::Buckets(o) if !o.keys.contains(&key)) {
                 tracing::debug!(%shard, "shard outside this daemon's buckets; not claimed");
                 continue;
             }
@@ -276,7 +318,7 @@ impl ShardSet {
     }
 
     /// Unsharded tables have one shard whatever its manifest records.
-    fn key_of(&self, values: ShardKey) -> ShardKey {
+    pub(crate) fn key_of(&self, values: ShardKey) -> ShardKey {
         if self.unsharded {
             ShardKey::new()
         } else {
@@ -379,6 +421,16 @@ impl ShardSet {
         // The id follows from the values: a peer creating this bucket's
         // shard at the same time creates the same one (and fencing decides).
         let shard = ShardId::for_values(self.spec_id, key);
+        // In a cluster, this daemon records itself as the owner first (only
+        // if nobody is): a claim by a daemon the cluster does not place the
+        // shard on would only fence its owner.
+        if let Ownership::Cluster(p) = &self.owned {
+            if let Err(e) = p.acquire(&self.table, shard, key).await {
+                drop(_opening);
+                self.forget_if_empty(key, &cell);
+                return Err(e);
+            }
+        }
         match self.open_writer(shard, key).await {
             Ok(w) => {
                 if attempts > 0 {
@@ -422,10 +474,28 @@ impl ShardSet {
         Ok(())
     }
 
-    /// Refuses rows of `key` when this daemon does not own its bucket.
+    /// Refuses rows of `key` when this daemon does not own its bucket (or,
+    /// in a cluster, is not placed to serve it now).
     fn check_owned(&self, key: &ShardKey) -> Result<(), ServerError> {
-        let Some(owned) = &self.owned else {
-            return Ok(());
+        let owned = match &self.owned {
+            Ownership::All => return Ok(()),
+            Ownership::Buckets(owned) => owned,
+            Ownership::Cluster(p) => {
+                let shard = ShardId::for_values(self.spec_id, key);
+                return match p.locate(&self.table, shard) {
+                    crate::placement::Located::Here => Ok(()),
+                    crate::placement::Located::At(m) => Err(ServerError::Moving {
+                        table: self.table.clone(),
+                        shard: shard.to_string(),
+                        reason: format!("owned by {}", m.advertise),
+                    }),
+                    crate::placement::Located::Moving(reason) => Err(ServerError::Moving {
+                        table: self.table.clone(),
+                        shard: shard.to_string(),
+                        reason,
+                    }),
+                };
+            }
         };
         if owned.keys.contains(key) {
             return Ok(());
@@ -444,6 +514,12 @@ impl ShardSet {
         let table = self.table.clone();
         let shard = slot.shard().to_string();
         match slot {
+            // In a cluster the shard moved: a retry finds its new owner.
+            Slot::Lost { reason, .. } if self.placement().is_some() => ServerError::Moving {
+                table,
+                shard,
+                reason: format!("claimed by another member ({reason})"),
+            },
             Slot::Lost { reason, .. } => ServerError::ServedElsewhere {
                 table,
                 shard,

@@ -163,6 +163,18 @@ impl Cell {
         holds
     }
 
+    /// Empties the slot if it holds a stopped shard (lost or down): a
+    /// cluster member drops it when the shard is no longer its to serve,
+    /// or is its again. Returns whether it did.
+    pub(crate) fn clear_stopped(&self) -> bool {
+        let mut current = self.slot.lock();
+        let stopped = matches!(&*current, Some(Slot::Lost { .. } | Slot::Down { .. }));
+        if stopped {
+            *current = None;
+        }
+        stopped
+    }
+
     /// Empties the slot if it holds exactly `writer` (live or closing).
     pub(crate) fn take_writer(&self, writer: &Arc<ShardWriter>) {
         let mut current = self.slot.lock();

@@ -77,6 +77,39 @@ impl TableHost {
         config: ShardWriterConfig,
         buckets: Option<&[u32]>,
     ) -> Result<Self, ServerError> {
+        Self::open_placed(name, loc, config, buckets, None).await
+    }
+
+    /// [`TableHost::open`] as a member of `cluster`: the table's shards are
+    /// spread over the cluster's live members (`placement.rs`); none is
+    /// claimed here until [`Self::spawn_placement`] runs. Rows of shards
+    /// other members own are forwarded to them, with `token` (the members
+    /// share one). Every member must serve the table under the same name.
+    pub async fn open_cluster(
+        name: &str,
+        loc: StoreLocation,
+        config: ShardWriterConfig,
+        cluster: Arc<memwal_cluster::Cluster>,
+        token: Option<String>,
+    ) -> Result<Self, ServerError> {
+        if name.contains('/') {
+            return Err(ServerError::Setup {
+                table: name.to_string(),
+                reason: "a clustered table's name cannot contain `/` (it is part of etcd keys)"
+                    .into(),
+            });
+        }
+        let placement = crate::placement::Placement::new(cluster, token);
+        Self::open_placed(name, loc, config, None, Some(placement)).await
+    }
+
+    async fn open_placed(
+        name: &str,
+        loc: StoreLocation,
+        config: ShardWriterConfig,
+        buckets: Option<&[u32]>,
+        placement: Option<crate::placement::Placement>,
+    ) -> Result<Self, ServerError> {
         let setup = |reason: String| ServerError::Setup {
             table: name.to_string(),
             reason,
@@ -94,7 +127,12 @@ impl TableHost {
             })?;
         let shape = Shape::build(&spec, base.schema.clone()).map_err(setup)?;
         let unsharded = shape.router.is_none();
-        let shards = ShardSet::new(name, loc, &spec, unsharded, config, buckets).map_err(setup)?;
+        let mut shards =
+            ShardSet::new(name, loc, &spec, unsharded, config, buckets).map_err(setup)?;
+        if let Some(placement) = placement {
+            shards.join_cluster(placement);
+            shards.learn_stored().await?;
+        }
         let host = Self {
             name: name.to_string(),
             following: Following::new(spec, shape),
@@ -206,6 +244,99 @@ impl TableHost {
             host.close_idle_shards().await;
             host.refresh_gauges();
         })
+    }
+
+    /// In a cluster ([`Self::open_cluster`]): runs a placement pass at
+    /// once, then after every change of the cluster's view and every
+    /// second, until `stop` turns true: shards placed here and held by
+    /// nobody are claimed (and replayed), shards placed elsewhere are
+    /// handed over (see `placement.rs`). A pass that panics is logged and
+    /// counted, and the next one runs. `None` outside a cluster.
+    pub fn spawn_placement(
+        self: &Arc<Self>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        use futures::FutureExt;
+        let mut views = self.shards.placement()?.cluster().subscribe();
+        let host = self.clone();
+        let span = tracing::info_span!("placement", table = %self.name);
+        Some(tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let mut members: Vec<String> = Vec::new();
+                loop {
+                    let view = views.borrow_and_update().clone();
+                    let now: Vec<String> = view.members().map(|m| m.id.clone()).collect();
+                    if now != members {
+                        members = now;
+                        // A member left: shards it created may be unknown
+                        // here (created before this daemon watched).
+                        if let Err(e) = host.shards.learn_stored().await {
+                            tracing::warn!(error = %e, "listing stored shards failed");
+                        }
+                    }
+                    let pass = std::panic::AssertUnwindSafe(host.shards.place(host.as_ref()))
+                        .catch_unwind()
+                        .await;
+                    if pass.is_err() {
+                        metrics::counter!("memwal_server_placement_panics_total", "table" => host.name.clone())
+                            .increment(1);
+                        tracing::error!("a placement pass panicked; the next one runs");
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = stop.wait_for(|s| *s) => break,
+                        _ = views.changed() => {}
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    }
+                }
+            },
+            span,
+        )))
+    }
+
+    /// In a cluster: each recorded shard of the table (id, field values as
+    /// hex) with its owner's advertised address; empty outside a cluster.
+    pub fn shard_owners(&self) -> Vec<(String, BTreeMap<String, String>, String)> {
+        let Some(p) = self.shards.placement() else {
+            return Vec::new();
+        };
+        let view = p.cluster().view();
+        view.owners_of(&self.name)
+            .filter_map(|(shard, o)| {
+                let m = view.member(&o.member)?;
+                Some((shard.to_string(), o.values.clone(), m.advertise.clone()))
+            })
+            .collect()
+    }
+
+    /// In a cluster: this member, the live members, and each recorded
+    /// shard of the table with its owner and the member the cluster
+    /// places it on now (a move is in progress where they differ), as
+    /// JSON (`/status`); `None` outside a cluster.
+    pub fn cluster_status(&self) -> Option<serde_json::Value> {
+        let c = self.shards.placement()?.cluster();
+        let view = c.view();
+        let members: Vec<serde_json::Value> = view
+            .members()
+            .map(|m| serde_json::json!({ "id": m.id, "advertise": m.advertise }))
+            .collect();
+        let shards: serde_json::Map<String, serde_json::Value> = view
+            .owners_of(&self.name)
+            .map(|(shard, o)| {
+                let desired = view.desired(&self.name, shard).map(|m| m.id.clone());
+                (
+                    shard.to_string(),
+                    serde_json::json!({ "owner": o.member, "desired": desired, "values": o.values }),
+                )
+            })
+            .collect();
+        Some(serde_json::json!({
+            "member": c.id(),
+            "advertise": c.advertise(),
+            "revision": view.revision,
+            "members": members,
+            "shards": shards,
+        }))
     }
 
     /// The shards that are down, with why: what `/readyz` reports.

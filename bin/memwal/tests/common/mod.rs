@@ -51,7 +51,8 @@ impl Daemon {
         Self::try_launch(table, args, &[]).expect("daemon ended before serving")
     }
 
-    /// [`Daemon::launch`] with extra environment; `Err` with the exit
+    /// [`Daemon::launch`] with extra environment (`--listen` in `args`
+    /// replaces the default `127.0.0.1:0`); `Err` with the exit
     /// status when the daemon ends before serving (a crash point hit while
     /// opening, say).
     pub fn try_launch(
@@ -59,10 +60,19 @@ impl Daemon {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self, std::process::ExitStatus> {
+        let table = format!("t={table}");
+        let full = [
+            &["serve", "--table", &table, "--http", "127.0.0.1:0"][..],
+            if args.contains(&"--listen") {
+                &[]
+            } else {
+                &["--listen", "127.0.0.1:0"]
+            },
+            args,
+        ]
+        .concat();
         let mut child = Command::new(env!("CARGO_BIN_EXE_memwal"))
-            .args(["serve", "--table", &format!("t={table}")])
-            .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
-            .args(args)
+            .args(full)
             .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
