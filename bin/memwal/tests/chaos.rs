@@ -654,3 +654,7 @@ use reads::{read_through, read_violations, Read};
 
 #[path = "chaos/producers.rs"]
 mod producers;
+
+// The cluster mode (etcd, three members, kills, zombies, etcd restarts).
+#[path = "chaos/cluster.rs"]
+mod cluster;

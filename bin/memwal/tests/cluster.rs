@@ -14,15 +14,6 @@ use memwal_testkit::EtcdServer;
 /// The table's shards (buckets).
 const SHARDS: usize = 32;
 
-/// A local port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A `bucket(id, 32)` table (`id` int64 key, `v` utf8): enough shards that
 /// each of three members gets some (with 8, one gets none for about 12% of
 /// random member ids).
@@ -42,26 +33,7 @@ fn init_table(table: &str) {
 
 /// A cluster member serving `table` as `t` (failover in 3 s: 2 s leases).
 fn member(table: &str, etcd: &EtcdServer) -> Daemon {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let advertise = format!("grpc://{listen}");
-    let cluster = etcd.endpoint().replace("http://", "etcd://");
-    Daemon::launch(
-        table,
-        &[
-            "--no-compactor",
-            "--listen",
-            &listen,
-            "--cluster",
-            &cluster,
-            "--advertise",
-            &advertise,
-            "--cluster-failover-ms",
-            "3000",
-            "--drain-secs",
-            "2",
-        ],
-    )
+    cluster_member(table, &etcd.endpoint())
 }
 
 /// `t`'s cluster section of a daemon's `/status`.

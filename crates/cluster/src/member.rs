@@ -349,16 +349,20 @@ async fn keep_lease(
     let every = Duration::from_secs_f64(ttl / 3.0);
     while !stopping.load(Ordering::SeqCst) {
         let current = lease.load(Ordering::SeqCst);
-        let lost = match client.lease_keep_alive(current).await {
-            Ok((mut keeper, mut responses)) => loop {
+        // Every await below is bounded: a stream broken by an etcd
+        // restart may neither answer nor fail (its request channel full,
+        // its connection half-open); it is replaced instead.
+        let opened = tokio::time::timeout(every * 2, client.lease_keep_alive(current)).await;
+        let lost = match opened {
+            Ok(Ok((mut keeper, mut responses))) => loop {
                 if stopping.load(Ordering::SeqCst) {
                     return;
                 }
-                if let Err(e) = keeper.keep_alive().await {
-                    tracing::warn!(error = %e, "lease refresh failed; retrying");
-                    break false;
-                }
-                match tokio::time::timeout(every * 2, responses.message()).await {
+                let refresh = async {
+                    keeper.keep_alive().await?;
+                    responses.message().await
+                };
+                match tokio::time::timeout(every * 2, refresh).await {
                     Ok(Ok(Some(r))) if r.ttl() > 0 => {}
                     Ok(Ok(Some(_))) => break true,
                     Ok(Ok(None)) | Err(_) => break false,
@@ -369,8 +373,12 @@ async fn keep_lease(
                 }
                 tokio::time::sleep(every).await;
             },
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "lease refresh stream failed; retrying");
+                false
+            }
+            Err(_) => {
+                tracing::warn!("lease refresh stream did not open; retrying");
                 false
             }
         };

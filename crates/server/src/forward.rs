@@ -85,6 +85,19 @@ impl Peers {
             code,
             message,
         };
+        // The chaos suite's scripted bug: acknowledge the part unsent
+        // (its checks must catch a forwarder that loses acknowledged rows).
+        if memwal_store::broken("broken::forward_ack_unsent") {
+            return Ok(shards
+                .split(',')
+                .map(|shard| PartAck {
+                    shard: shard.to_string(),
+                    rows: batch.num_rows(),
+                    wal_position: Some(1),
+                    duplicate: false,
+                })
+                .collect());
+        }
         let channel = self
             .channel(advertise)
             .map_err(|m| failed(tonic::Code::Unavailable, m))?;

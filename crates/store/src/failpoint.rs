@@ -49,7 +49,9 @@ pub fn crash_point(name: &str) {
 /// durable), `broken::read_levels_unmerged` (a read of a keyed table
 /// concatenates its levels instead of merging them by key),
 /// `broken::producer_sequences_ignored` (write every put of an idempotent
-/// producer, as if its sequence were new).
+/// producer, as if its sequence were new), `broken::forward_ack_unsent`
+/// (a cluster member acknowledges the parts it should forward without
+/// sending them).
 #[inline(always)]
 pub fn broken(name: &str) -> bool {
     #[cfg(feature = "failpoints")]

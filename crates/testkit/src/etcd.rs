@@ -38,14 +38,22 @@ impl EtcdServer {
     /// Starts etcd and waits (up to 30 s) until it is healthy. Panics with
     /// what is missing when it cannot.
     pub fn start() -> Self {
-        let mut server = Self {
-            dir: tempfile::tempdir().expect("a temporary directory for etcd"),
-            client_port: free_port(),
-            peer_port: free_port(),
-            child: None,
-        };
-        server.start_again();
-        server
+        // A free port may be taken by another process before etcd binds
+        // it: a few tries on new ports.
+        for attempt in 1.. {
+            let mut server = Self {
+                dir: tempfile::tempdir().expect("a temporary directory for etcd"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            };
+            match server.try_start() {
+                Ok(()) => return server,
+                Err(log) if attempt < 5 && log.contains("address already in use") => continue,
+                Err(log) => panic!("etcd did not start; its log:\n{log}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
     }
 
     /// The client endpoint (`http://127.0.0.1:PORT`).
@@ -60,6 +68,14 @@ impl EtcdServer {
 
     /// Starts the stopped server again on the same ports and data.
     pub fn start_again(&mut self) {
+        if let Err(log) = self.try_start() {
+            panic!("etcd did not start again; its log:\n{log}");
+        }
+    }
+
+    /// Starts etcd and waits until it is healthy; `Err` with its log when
+    /// it exits or is not healthy within 30 s.
+    fn try_start(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "etcd is running");
         let bin = std::env::var(ETCD_BIN_ENV)
             .ok()
@@ -96,23 +112,25 @@ impl EtcdServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.healthy() {
-            if let Some(status) = self
+            let exited = self
                 .child
                 .as_mut()
-                .and_then(|c| c.try_wait().ok().flatten())
-            {
-                panic!(
-                    "etcd exited with {status}; its log:\n{}",
-                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
-                );
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                return Err(format!("(exited with {status})\n{}", self.log()));
             }
-            assert!(
-                Instant::now() < deadline,
-                "etcd not healthy within 30 s; its log:\n{}",
-                std::fs::read_to_string(self.log_path()).unwrap_or_default()
-            );
+            if Instant::now() >= deadline {
+                self.stop();
+                return Err(format!("(not healthy within 30 s)\n{}", self.log()));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
     /// Stops the server (SIGKILL) and waits for it; its data stays.
