@@ -156,6 +156,15 @@ impl Cluster {
         self.view.borrow().clone()
     }
 
+    /// Whether this daemon runs `table`'s compactor now
+    /// ([`View::compactor`] of the last view); false while the view holds
+    /// no member (this daemon's lease being replaced).
+    pub fn runs_compactor(&self, table: &str) -> bool {
+        self.view()
+            .compactor(table)
+            .is_some_and(|m| m.id == self.id)
+    }
+
     /// A receiver that changes with every new view.
     pub fn subscribe(&self) -> watch::Receiver<Arc<View>> {
         self.view.clone()
@@ -302,6 +311,19 @@ async fn register(
     Ok(lease)
 }
 
+/// Whether etcd answers, within `within`, that `lease` does not exist
+/// (expired or revoked); false when it exists or etcd does not answer.
+async fn lease_gone(client: &mut Client, lease: i64, within: Duration) -> bool {
+    match tokio::time::timeout(within, client.lease_time_to_live(lease, None)).await {
+        Ok(Ok(r)) => r.ttl() <= 0,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "reading the lease's TTL failed; retrying");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
 /// Every member and owner under `prefix`, at the read's revision.
 async fn read_view(client: &mut Client, prefix: &str) -> Result<View, etcd_client::Error> {
     let response = client
@@ -374,8 +396,11 @@ async fn keep_lease(
                 tokio::time::sleep(every).await;
             },
             Ok(Err(e)) => {
+                // etcd-client reports a lease etcd no longer knows (it
+                // expired or was revoked while no stream was open) as a
+                // failure to open the stream: ask etcd whether it is gone.
                 tracing::warn!(error = %e, "lease refresh stream failed; retrying");
-                false
+                lease_gone(&mut client, current, every * 2).await
             }
             Err(_) => {
                 tracing::warn!("lease refresh stream did not open; retrying");
@@ -385,13 +410,14 @@ async fn keep_lease(
         if lost {
             metrics::counter!("memwal_cluster_leases_lost_total").increment(1);
             tracing::error!(member = %id, "the lease expired (paused or cut off from etcd); joining again");
-            match register(&mut client, &config, &id).await {
-                Ok(new) => {
+            match tokio::time::timeout(every * 3, register(&mut client, &config, &id)).await {
+                Ok(Ok(new)) => {
                     lease.store(new, Ordering::SeqCst);
                     tracing::info!(member = %id, "joined the cluster again");
                     continue;
                 }
-                Err(e) => tracing::warn!(error = %e, "joining again failed; retrying"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "joining again failed; retrying"),
+                Err(_) => tracing::warn!("joining again timed out; retrying"),
             }
         }
         tokio::time::sleep(every).await;
