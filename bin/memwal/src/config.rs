@@ -38,6 +38,8 @@
 //! tls_key = "server.key"         #   and private key; both or neither)
 //! cluster = "http://etcd1:2379,http://etcd2:2379"  # join a cluster through etcd (shards placed and failed over)
 //! advertise = "grpc://10.0.0.5:50051"  # how the other members reach this daemon's Flight service
+//!                                #   (grpc+tls://HOST:PORT when it serves TLS)
+//! cluster_tls_ca = "ca.pem"      # the CA that signed the members' TLS certificates (with tls_cert)
 //! cluster_failover_ms = 10000    # a dead member's shards are served again within about this long
 //! cluster_prefix = "/memwal"     # etcd key prefix shared by one cluster's daemons
 //! [writer]                       # every shard writer's settings (writer_config.rs):
@@ -57,7 +59,7 @@
 //! `MEMWAL_QUERY_MEMORY_MIB`, `MEMWAL_QUERY_TIMEOUT_MS`, `MEMWAL_QUERY_TOTAL_MEMORY_MIB`,
 //! `MEMWAL_QUERY_MAX_CONCURRENT`, `MEMWAL_QUERY_MAX_SQL_BYTES`, `MEMWAL_QUERY_MAX_EXPR_DEPTH`,
 //! `MEMWAL_QUERY_MAX_K`, `MEMWAL_LANCE_IO_BUFFER_MIB`, `MEMWAL_LANCE_FRAGMENT_READAHEAD`,
-//! `MEMWAL_CLUSTER`, `MEMWAL_ADVERTISE`, `MEMWAL_CLUSTER_FAILOVER_MS`, `MEMWAL_CLUSTER_PREFIX`,
+//! `MEMWAL_CLUSTER`, `MEMWAL_ADVERTISE`, `MEMWAL_CLUSTER_TLS_CA`, `MEMWAL_CLUSTER_FAILOVER_MS`, `MEMWAL_CLUSTER_PREFIX`,
 //! `MEMWAL_TOKEN`, `MEMWAL_TOKEN_FILE`, `MEMWAL_TLS_CERT`, `MEMWAL_TLS_KEY`, `MEMWAL_TABLES` (`{orders="s3://bucket/orders"}`),
 //! `MEMWAL_SHARDS` (`{orders="0-1,3"}`), and `MEMWAL_WRITER_<KEY>` for each
 //! `[writer]` key (`MEMWAL_WRITER_FLUSH_CONCURRENCY=4`).
@@ -167,8 +169,14 @@ pub struct ServeConfig {
     /// tables' shards are spread over its live members and failed over.
     pub cluster: Option<String>,
     /// This daemon's Flight address as the other members reach it
-    /// (`grpc://HOST:PORT`); required with `cluster`.
+    /// (`grpc://HOST:PORT`, or `grpc+tls://HOST:PORT` when it serves
+    /// TLS); required with `cluster`.
     pub advertise: Option<String>,
+    /// PEM certificates of the CA that signed the members' TLS
+    /// certificates: forwards to a member verify its certificate against
+    /// them, for the host name it advertises. Required with `cluster` and
+    /// `tls_cert`.
+    pub cluster_tls_ca: Option<PathBuf>,
     /// A member not heard from for about this long is gone, and its
     /// shards are claimed by the survivors (etcd lease TTL: 60% of it,
     /// whole seconds, at least 2 s; the rest covers the claim).
@@ -217,6 +225,7 @@ impl Default for ServeConfig {
             tls_key: None,
             cluster: None,
             advertise: None,
+            cluster_tls_ca: None,
             cluster_failover_ms: 10_000,
             cluster_prefix: "/memwal".into(),
             writer: WriterSettings::default(),
@@ -358,9 +367,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ENDPOINTS")]
     pub cluster: Option<String>,
     /// This daemon's Flight address as the other members reach it
-    /// (`grpc://10.0.0.5:50051`); required with --cluster.
+    /// (`grpc://10.0.0.5:50051`; `grpc+tls://HOST:PORT` with --tls-cert);
+    /// required with --cluster.
     #[arg(long, value_name = "URL")]
     pub advertise: Option<String>,
+    /// The PEM CA that signed the members' TLS certificates (needed with
+    /// --cluster and --tls-cert).
+    #[arg(long, value_name = "PEM")]
+    pub cluster_tls_ca: Option<PathBuf>,
     /// A dead member's shards are served again within about this many
     /// milliseconds [default: 10000].
     #[arg(long)]
@@ -511,6 +525,7 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
         ("tls_cert", &args.tls_cert),
         ("tls_key", &args.tls_key),
         ("token_file", &args.token_file),
+        ("cluster_tls_ca", &args.cluster_tls_ca),
     ] {
         if let Some(p) = v {
             put(k, p.to_string_lossy().into_owned().into());
@@ -566,6 +581,7 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "tls_key",
             "cluster",
             "advertise",
+            "cluster_tls_ca",
             "cluster_failover_ms",
             "cluster_prefix",
         ]))
@@ -635,8 +651,34 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
                 "cluster: the cluster places shards; `shards` lists cannot be given with it".into(),
             );
         }
-        if config.tls_cert.is_some() {
-            return Err("cluster: members forward puts to each other over plain gRPC; TLS is not supported with a cluster yet".into());
+        let advertise = config.advertise.as_deref().unwrap_or_default();
+        match (config.tls_cert.is_some(), advertise.split_once("://")) {
+            (true, Some(("grpc+tls", _))) => {
+                if config.cluster_tls_ca.is_none() {
+                    return Err("cluster with TLS: give `cluster_tls_ca`, the PEM CA that signed the members' certificates (puts forwarded to a member verify its certificate)".into());
+                }
+            }
+            (true, _) => {
+                return Err(format!(
+                    "cluster with TLS: `advertise` must be grpc+tls://HOST:PORT (HOST as named in tls_cert), not `{advertise}`"
+                ))
+            }
+            (false, Some(("grpc", _))) => {}
+            (false, _) => {
+                return Err(format!(
+                    "`advertise` must be grpc://HOST:PORT (grpc+tls:// only with tls_cert), not `{advertise}`"
+                ))
+            }
+        }
+        if let Some((_, rest)) = advertise.split_once("://") {
+            if rest
+                .rsplit_once(':')
+                .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+            {
+                return Err(format!(
+                    "`advertise` `{advertise}`: give HOST:PORT after the scheme"
+                ));
+            }
         }
         if config.cluster_failover_ms < 3000 {
             return Err("cluster_failover_ms must be at least 3000 (etcd leases last whole seconds, at least 2)".into());
@@ -647,8 +689,8 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
                 config.cluster_prefix
             ));
         }
-    } else if config.advertise.is_some() {
-        return Err("advertise is only used with cluster".into());
+    } else if config.advertise.is_some() || config.cluster_tls_ca.is_some() {
+        return Err("advertise and cluster_tls_ca are only used with cluster".into());
     }
     config.writer.to_config()?;
     Ok(config)

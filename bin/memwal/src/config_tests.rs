@@ -133,7 +133,8 @@ fn the_example_config_loads_and_lists_every_key() {
         full.tables.insert("t".into(), "/t".into());
         full.shards.insert("t".into(), "0".into());
         full.cluster = Some("etcd://e:1".into());
-        full.advertise = Some("grpc://a:1".into());
+        full.advertise = Some("grpc+tls://a:1".into());
+        full.cluster_tls_ca = Some("ca".into());
         let printed: toml::Table = toml::from_str(&print(&full)?).unwrap();
         let keys = printed.iter().flat_map(|(k, v)| match v {
             toml::Value::Table(t) if k == "writer" => t.keys().cloned().collect(),
@@ -212,8 +213,9 @@ fn writer_settings_layer_and_bad_ones_are_named() {
 
 // Breaks if the cluster settings are not layered like every other setting,
 // if an etcd endpoint list is misread, or if a combination that cannot
-// work (no advertise address, static shard lists, TLS, a failover shorter
-// than etcd's shortest lease) is accepted.
+// work (no advertise address, static shard lists, TLS without a CA for the
+// members or a plaintext advertised address, a failover shorter than etcd's
+// shortest lease) is accepted.
 #[test]
 fn cluster_settings_layer_and_bad_ones_are_refused() {
     assert_eq!(
@@ -249,13 +251,46 @@ fn cluster_settings_layer_and_bad_ones_are_refused() {
             ..args.clone()
         };
         assert!(resolve(&with_shards).unwrap_err().contains("shards"));
+        for bad in [
+            "grpc+tls://10.0.0.2:1",
+            "http://10.0.0.2:1",
+            "grpc://10.0.0.2",
+            "grpc://:1",
+        ] {
+            jail.set_env("MEMWAL_ADVERTISE", bad);
+            assert!(resolve(&args).unwrap_err().contains(bad), "{bad}");
+        }
+        jail.set_env("MEMWAL_ADVERTISE", "grpc://10.0.0.2:1");
+        let tls = ServeArgs {
+            tls_cert: Some("c.pem".into()),
+            tls_key: Some("k.pem".into()),
+            ..args.clone()
+        };
+        assert!(resolve(&tls).unwrap_err().contains("grpc+tls://"));
+        jail.set_env("MEMWAL_ADVERTISE", "grpc+tls://m1.example:1");
+        assert!(resolve(&tls).unwrap_err().contains("cluster_tls_ca"));
+        jail.set_env("MEMWAL_CLUSTER_TLS_CA", "ca.pem");
+        let c = resolve(&tls).map_err(|e| e.to_string())?;
+        assert_eq!(
+            c.cluster_tls_ca.as_deref(),
+            Some(std::path::Path::new("ca.pem"))
+        );
+        Ok(())
+    });
+    figment::Jail::expect_with(|_jail| {
+        let args = ServeArgs {
+            tables: vec!["t=/x".into()],
+            cluster: Some("etcd://e:2379".into()),
+            advertise: Some("grpc://10.0.0.1:50051".into()),
+            ..Default::default()
+        };
         let alone = ServeArgs {
             cluster: None,
             ..args.clone()
         };
         assert!(resolve(&alone)
             .unwrap_err()
-            .contains("advertise is only used with cluster"));
+            .contains("only used with cluster"));
         Ok(())
     });
 }

@@ -120,6 +120,27 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             .await
     });
 
+    // How this daemon reaches the other members (read before joining:
+    // a bad CA file fails the start, not the first forward).
+    let peer_access = memwal_server::PeerAccess {
+        token: args.token.clone(),
+        tls_ca_pem: match &args.cluster_tls_ca {
+            Some(path) => {
+                let pem = std::fs::read(path)
+                    .map_err(|e| format!("cluster_tls_ca {}: {e}", path.display()))?;
+                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
+                    return Err(format!(
+                        "cluster_tls_ca {}: no PEM certificate in it",
+                        path.display()
+                    ));
+                }
+                // The process's rustls provider (see `flight_server`).
+                let _ = rustls::crypto::ring::default_provider().install_default();
+                Some(pem)
+            }
+            None => None,
+        },
+    };
     // In a cluster: join before any table opens (the placement decides
     // which shards this daemon claims).
     let cluster = match &args.cluster {
@@ -157,7 +178,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
                     loc,
                     writer_config.clone(),
                     c.clone(),
-                    args.token.clone(),
+                    peer_access.clone(),
                 )
                 .await
             }
@@ -221,10 +242,17 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
             if let Some(host) = hosts.get(name) {
                 host.attach_compactor(compactor.clone());
             }
-            compactors.push(CompactorTask::spawn_with_gc(
+            // In a cluster, one member compacts each table (and collects
+            // its garbage); the others skip their cycles.
+            let gate = cluster.as_ref().map(|c| {
+                let (c, table) = (c.clone(), name.clone());
+                Arc::new(move || c.runs_compactor(&table)) as memwal_compactor::CompactorGate
+            });
+            compactors.push(CompactorTask::spawn_gated(
                 compactor,
                 Duration::from_secs(args.compact_every_secs.max(1)),
                 gc,
+                gate,
             ));
         }
     }

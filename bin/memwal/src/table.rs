@@ -341,10 +341,25 @@ pub async fn cluster_status(endpoints: &str, prefix: &str, json: bool) -> Result
             })
         })
         .collect();
+    // The member compacting each table with recorded shards.
+    let tables: std::collections::BTreeSet<&str> =
+        view.owners().map(|((t, _), _)| t.as_str()).collect();
+    let compactors: serde_json::Map<String, serde_json::Value> = tables
+        .iter()
+        .map(|t| {
+            let m = view.compactor(t).map(|m| m.id.clone());
+            (t.to_string(), m.into())
+        })
+        .collect();
     if json {
         return Ok(format!(
             "{}\n",
-            serde_json::json!({ "revision": view.revision, "members": members, "shards": shards })
+            serde_json::json!({
+                "revision": view.revision,
+                "members": members,
+                "compactors": compactors,
+                "shards": shards,
+            })
         ));
     }
     let mut out = format!(
@@ -357,6 +372,12 @@ pub async fn cluster_status(endpoints: &str, prefix: &str, json: bool) -> Result
         out.push_str(&format!(
             "  member {} at {}: {owned} shards\n",
             m.id, m.advertise
+        ));
+    }
+    for (table, m) in &compactors {
+        out.push_str(&format!(
+            "  table {table}: compacted by {}\n",
+            m.as_str().unwrap_or("-")
         ));
     }
     for ((table, shard), o) in view.owners() {

@@ -82,9 +82,39 @@ fn settled(daemons: &[&Daemon], n: usize) -> (BTreeMap<String, String>, Vec<Stri
 /// (UNAVAILABLE; or ABORTED: some parts durable, the rest moving); panics
 /// on any other error or after `within`. Returns how long it took.
 async fn put_until_ok(d: &Daemon, ids: &[i64], tag: &str, within: Duration) -> Duration {
+    put_until_ok_via(d, None, ids, tag, within).await
+}
+
+/// A channel to `d`'s Flight service: TLS verified against the CA
+/// `tls_ca` (PEM, for `localhost`) when given.
+async fn channel_to(d: &Daemon, tls_ca: Option<&str>) -> tonic::transport::Channel {
+    match tls_ca {
+        None => tonic::transport::Channel::from_shared(format!("http://{}", d.flight)).unwrap(),
+        Some(ca) => tonic::transport::Channel::from_shared(format!("https://{}", d.flight))
+            .unwrap()
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(ca))
+                    .domain_name("localhost"),
+            )
+            .unwrap(),
+    }
+    .connect()
+    .await
+    .expect("connect to the daemon")
+}
+
+/// [`put_until_ok`] over TLS when `tls_ca` is given.
+async fn put_until_ok_via(
+    d: &Daemon,
+    tls_ca: Option<&str>,
+    ids: &[i64],
+    tag: &str,
+    within: Duration,
+) -> Duration {
     let started = Instant::now();
     loop {
-        let mut c = client(&d.flight, None).await;
+        let mut c = arrow_flight::FlightClient::new(channel_to(d, tls_ca).await);
         match put(&mut c, &["t"], vec![rows(ids, tag)]).await {
             Ok(acks) => {
                 let parts = acks[0]["parts"].as_array().unwrap();
@@ -111,7 +141,18 @@ async fn put_until_ok(d: &Daemon, ids: &[i64], tag: &str, within: Duration) -> D
 
 /// Every row of `t` as `d` reads it (SQL).
 async fn read_all(d: &Daemon) -> BTreeMap<i64, String> {
-    let batches = sql_rows(&d.flight, "SELECT id, v FROM t").await.unwrap();
+    read_all_via(d, None).await
+}
+
+/// [`read_all`] over TLS when `tls_ca` is given.
+async fn read_all_via(d: &Daemon, tls_ca: Option<&str>) -> BTreeMap<i64, String> {
+    let mut c = arrow_flight::sql::client::FlightSqlServiceClient::new(channel_to(d, tls_ca).await);
+    let info = c.execute("SELECT id, v FROM t".into(), None).await.unwrap();
+    let ticket = info.endpoint[0].ticket.clone().unwrap();
+    let batches: Vec<arrow_array::RecordBatch> =
+        futures::TryStreamExt::try_collect(c.do_get(ticket).await.unwrap())
+            .await
+            .unwrap();
     let mut out = BTreeMap::new();
     for b in batches {
         let ids = b.column(0).as_primitive::<Int64Type>();
@@ -315,6 +356,7 @@ async fn a_joining_daemon_takes_shards_and_sigterm_hands_them_back() {
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["members"].as_array().unwrap().len(), 3, "{v}");
+    assert_eq!(v["compactors"]["t"], cluster_status(&a)["compactor"], "{v}");
     let listed: BTreeMap<String, String> = v["shards"]
         .as_array()
         .unwrap()
@@ -354,4 +396,168 @@ async fn a_joining_daemon_takes_shards_and_sigterm_hands_them_back() {
     }
     a.stop_ok();
     b.stop_ok();
+}
+
+// Breaks if members serving TLS cannot forward to each other (the settings
+// refused, or a forward that does not verify a member's certificate against
+// `cluster_tls_ca` for the host it advertises): a producer that reaches one
+// TLS member only must get every row acknowledged, and the other member
+// must read them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(memwal_etcd_tests),
+    ignore = "needs etcd (apt-get install etcd-server)"
+)]
+async fn members_serving_tls_forward_to_each_other() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_table(&table);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    // One certificate for `localhost`, self-signed: it is also the CA.
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let ca = cert.cert.pem();
+    let cert_path = dir.path().join("member.pem");
+    let key_path = dir.path().join("member.key");
+    std::fs::write(&cert_path, &ca).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    let tls = || MemberTls {
+        cert: cert_path.to_str().unwrap(),
+        key: key_path.to_str().unwrap(),
+        ca: cert_path.to_str().unwrap(),
+    };
+    let endpoint = etcd.endpoint();
+    let a = cluster_member_full(&table, &endpoint, &[], Some(tls()), false);
+    let b = cluster_member_full(&table, &endpoint, &[], Some(tls()), false);
+    let mut model = BTreeMap::new();
+    let batch: Vec<i64> = (0..400).collect();
+    put_until_ok_via(&a, Some(&ca), &batch, "a", Duration::from_secs(20)).await;
+    model_put(&mut model, &batch, "a");
+    let (owners, ids) = settled(&[&a, &b], 2);
+    assert!(
+        owners.values().any(|o| *o == ids[1]),
+        "b owns shards: {owners:?}"
+    );
+    assert!(
+        cluster_status(&a)["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["advertise"]
+                .as_str()
+                .unwrap()
+                .starts_with("grpc+tls://localhost:")),
+        "members advertise TLS"
+    );
+    let batch: Vec<i64> = (200..600).collect();
+    put_until_ok_via(&a, Some(&ca), &batch, "b", Duration::from_secs(20)).await;
+    model_put(&mut model, &batch, "b");
+    assert!(
+        metric(&b, "memwal_server_forwarded_puts_received_total") >= 1.0,
+        "a forwarded b's parts to b over TLS"
+    );
+    assert_eq!(
+        read_all_via(&b, Some(&ca)).await,
+        model,
+        "b reads every row"
+    );
+    a.stop_ok();
+    b.stop_ok();
+}
+
+// Breaks if every member compacts the table (the members' commits would
+// race on the base table), if no member does, or if compaction stops when
+// the member running it leaves: exactly one member's compactor runs cycles,
+// and after it stops another one compacts what is published next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(memwal_etcd_tests),
+    ignore = "needs etcd (apt-get install etcd-server)"
+)]
+async fn one_member_compacts_the_table_and_another_takes_over() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_table(&table);
+    let endpoint = etcd.endpoint();
+    let a = cluster_member_full(&table, &endpoint, &[], None, true);
+    let b = cluster_member_full(&table, &endpoint, &[], None, true);
+    let mut model = BTreeMap::new();
+    let batch: Vec<i64> = (0..300).collect();
+    put_until_ok(&a, &batch, "a", Duration::from_secs(20)).await;
+    model_put(&mut model, &batch, "a");
+    let (_, ids) = settled(&[&a, &b], 2);
+    let compactor = cluster_status(&a)["compactor"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(cluster_status(&b)["compactor"], compactor.as_str());
+    let (runner, idle) = if compactor == ids[0] { (a, b) } else { (b, a) };
+    // Everything published reaches the base, through the runner only
+    // (the first member may have compacted while it was alone: counted
+    // from here).
+    let cycles = |d: &Daemon| metric(d, "memwal_compactor_cycles_total");
+    let (runner_before, idle_before) = (cycles(&runner), cycles(&idle));
+    for d in [&runner, &idle] {
+        flush_until_ok(d).await;
+    }
+    base_holds(&table, &model).await;
+    assert!(cycles(&runner) > runner_before, "the compactor ran");
+    assert_eq!(cycles(&idle), idle_before, "only one member compacts");
+
+    // The runner leaves: the other member compacts what comes next.
+    runner.stop_ok();
+    let batch: Vec<i64> = (200..500).collect();
+    put_until_ok(&idle, &batch, "b", Duration::from_secs(20)).await;
+    model_put(&mut model, &batch, "b");
+    let idle_before = cycles(&idle);
+    flush_until_ok(&idle).await;
+    base_holds(&table, &model).await;
+    assert!(
+        cycles(&idle) > idle_before,
+        "the survivor took compaction over"
+    );
+    idle.stop_ok();
+}
+
+/// The `flush` action on `t` through `d`, retried (up to 20 s) while a
+/// shard moves.
+async fn flush_until_ok(d: &Daemon) {
+    let started = Instant::now();
+    loop {
+        let mut c = client(&d.flight, None).await;
+        let answer = match c.do_action(arrow_flight::Action::new("flush", "t")).await {
+            Ok(results) => futures::TryStreamExt::try_collect::<Vec<_>>(results).await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(results) => {
+                assert_eq!(results.len(), 1);
+                return;
+            }
+            Err(e) if started.elapsed() < Duration::from_secs(20) => {
+                eprintln!("flush refused, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("flush refused for 20 s: {e}"),
+        }
+    }
+}
+
+/// Waits (up to 60 s) until the base table alone holds `model`.
+async fn base_holds(table: &str, model: &BTreeMap<i64, String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = base_rows(table).await;
+        if got == *model {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the base table does not hold every flushed row within 60 s: {} of {} rows",
+            got.len(),
+            model.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

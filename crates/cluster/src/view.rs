@@ -49,6 +49,10 @@ fn parse<'a>(prefix: &str, key: &'a str) -> Option<Entry<'a>> {
     Some(Entry::Owner(table, shard))
 }
 
+/// The rendezvous name of a table's compactor: not a shard id (those are
+/// hex digits), so it never shares a shard's score.
+const COMPACTOR_SLOT: &str = "#compactor";
+
 impl View {
     /// The live members, by id.
     pub fn members(&self) -> impl Iterator<Item = &Member> {
@@ -82,6 +86,20 @@ impl View {
     /// hashing over the live members); `None` without members.
     pub fn desired(&self, table: &str, shard: &str) -> Option<&Member> {
         let id = crate::rendezvous::owner(self.members.keys().map(String::as_str), table, shard)?;
+        self.members.get(id)
+    }
+
+    /// The member that runs `table`'s compactor and GC now (rendezvous
+    /// hashing over the live members, on a name no shard id takes);
+    /// `None` without members. Members agree on it as on shard owners,
+    /// and it moves only when that member leaves or a joining one wins
+    /// it.
+    pub fn compactor(&self, table: &str) -> Option<&Member> {
+        let id = crate::rendezvous::owner(
+            self.members.keys().map(String::as_str),
+            table,
+            COMPACTOR_SLOT,
+        )?;
         self.members.get(id)
     }
 
@@ -158,5 +176,40 @@ mod tests {
         assert_eq!(v.members().count(), 1);
         assert_eq!(v.desired("t", "s1").map(|m| m.id.as_str()), Some("b"));
         assert_eq!(v.owners_of("t").count(), 0);
+    }
+
+    // Breaks if members with the same view disagree on a table's
+    // compactor, if every table gets the same one (no spread), or if it
+    // moves when a member other than it leaves.
+    #[test]
+    fn one_compactor_per_table_moves_only_with_its_member() {
+        let view = |ids: &[&str]| {
+            let mut v = View::default();
+            for id in ids {
+                let key = format!("/p/members/{id}");
+                v.apply("/p", key.as_bytes(), Some(br#"{"advertise":"grpc://h:1"}"#));
+            }
+            v
+        };
+        let ids = ["m1", "m2", "m3", "m4"];
+        let all = view(&ids);
+        let reversed = view(&["m4", "m3", "m2", "m1"]);
+        let tables: Vec<String> = (0..64).map(|i| format!("t{i}")).collect();
+        let mut chosen = std::collections::BTreeSet::new();
+        for t in &tables {
+            let c = all.compactor(t).unwrap().id.clone();
+            assert_eq!(reversed.compactor(t).unwrap().id, c, "{t}");
+            chosen.insert(c.clone());
+            for gone in ids.iter().filter(|id| **id != c) {
+                let rest: Vec<&str> = ids.iter().copied().filter(|id| id != gone).collect();
+                assert_eq!(
+                    view(&rest).compactor(t).unwrap().id,
+                    c,
+                    "{t} without {gone}"
+                );
+            }
+        }
+        assert_eq!(chosen.len(), ids.len(), "tables spread over members");
+        assert!(View::default().compactor("t").is_none());
     }
 }

@@ -25,10 +25,13 @@ pub use catchup::CatchupReport;
 pub use compact::{CatchupOutcome, Compactor, CompactorConfig, ShardReport};
 pub use error::{CompactorError, Result};
 pub use gc::{collect_garbage, GcConfig, GcReport};
-pub use task::CompactorTask;
+pub use task::{CompactorTask, Gate as CompactorGate};
 
 /// Metric names the compactor records.
 pub mod names {
+    /// Counter: compaction cycles started by the background task (one
+    /// pass over every shard, then GC when configured).
+    pub const CYCLES: &str = "memwal_compactor_cycles_total";
     /// Counter: generations merged into the base table.
     pub const GENERATIONS: &str = "memwal_compactor_generations_total";
     /// Counter: live rows upserted or appended into the base table.

@@ -15,7 +15,7 @@ use arrow_array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::FlightDescriptor;
 use memwal::ProducerSeq;
-use tonic::transport::Channel;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 use crate::ingest::PartAck;
 use crate::ServerError;
@@ -27,34 +27,73 @@ pub const FORWARDED_HEADER: &str = "x-memwal-forwarded";
 /// The largest message a forward sends or accepts (the daemon's own limit).
 const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
+/// How a member reaches the others.
+#[derive(Clone, Debug, Default)]
+pub struct PeerAccess {
+    /// The bearer token forwards carry (the members of a cluster share
+    /// one).
+    pub token: Option<String>,
+    /// PEM certificates of the CA that signed the members' TLS
+    /// certificates: needed to reach a member that advertises
+    /// `grpc+tls://` (its certificate is verified against these, for the
+    /// advertised host name).
+    pub tls_ca_pem: Option<Vec<u8>>,
+}
+
 /// Connections to the other members, one lazily connected channel per
 /// address.
 pub(crate) struct Peers {
-    token: Option<String>,
+    access: PeerAccess,
     channels: parking_lot::Mutex<HashMap<String, Channel>>,
 }
 
 impl Peers {
-    /// No connections yet; forwards carry `token` as a bearer token.
-    pub(crate) fn new(token: Option<String>) -> Self {
+    /// No connections yet.
+    pub(crate) fn new(access: PeerAccess) -> Self {
         Self {
-            token,
+            access,
             channels: Default::default(),
         }
     }
 
+    /// The channel to the member at `advertise` (`grpc://HOST:PORT`, or
+    /// `grpc+tls://HOST:PORT`, verified against the cluster's CA).
     fn channel(&self, advertise: &str) -> Result<Channel, String> {
         if let Some(c) = self.channels.lock().get(advertise) {
             return Ok(c.clone());
         }
-        let uri = match advertise.strip_prefix("grpc://") {
-            Some(rest) => format!("http://{rest}"),
-            None => advertise.to_string(),
+        let (uri, tls) = if let Some(rest) = advertise.strip_prefix("grpc+tls://") {
+            let ca = self.access.tls_ca_pem.as_ref().ok_or_else(|| {
+                format!(
+                    "member `{advertise}` serves TLS and this daemon has no cluster_tls_ca \
+                     (the CA that signed the members' certificates) to verify it"
+                )
+            })?;
+            let host = rest
+                .rsplit_once(':')
+                .map_or(rest, |(host, _port)| host)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            let tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name(host);
+            (format!("https://{rest}"), Some(tls))
+        } else if let Some(rest) = advertise.strip_prefix("grpc://") {
+            (format!("http://{rest}"), None)
+        } else {
+            return Err(format!(
+                "member address `{advertise}`: neither grpc://HOST:PORT nor grpc+tls://HOST:PORT"
+            ));
         };
-        let channel = Channel::from_shared(uri)
+        let mut endpoint = Channel::from_shared(uri)
             .map_err(|e| format!("bad member address `{advertise}`: {e}"))?
-            .connect_timeout(Duration::from_secs(5))
-            .connect_lazy();
+            .connect_timeout(Duration::from_secs(5));
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|e| format!("member `{advertise}`: TLS: {e}"))?;
+        }
+        let channel = endpoint.connect_lazy();
         self.channels
             .lock()
             .insert(advertise.to_string(), channel.clone());
@@ -125,7 +164,7 @@ impl Peers {
         if let Ok(v) = from.parse() {
             headers.insert(FORWARDED_HEADER, v);
         }
-        if let Some(t) = &self.token {
+        if let Some(t) = &self.access.token {
             if let Ok(v) = format!("Bearer {t}").parse() {
                 headers.insert("authorization", v);
             }
@@ -162,5 +201,31 @@ impl Peers {
             )
         })?;
         Ok(ack.parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Breaks if a TLS member is reached without verifying its certificate
+    // (no CA given, yet a channel), or if an address of an unknown scheme
+    // is taken for one.
+    #[tokio::test]
+    async fn a_tls_member_needs_the_cluster_ca_and_bad_addresses_are_refused() {
+        let plain = Peers::new(PeerAccess::default());
+        assert!(plain.channel("grpc://127.0.0.1:1").is_ok());
+        let e = plain.channel("grpc+tls://localhost:1").unwrap_err();
+        assert!(e.contains("cluster_tls_ca"), "{e}");
+        for bad in ["http://127.0.0.1:1", "127.0.0.1:1", "grpc+tcp://h:1"] {
+            let e = plain.channel(bad).unwrap_err();
+            assert!(e.contains(bad), "{e}");
+        }
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let with_ca = Peers::new(PeerAccess {
+            token: None,
+            tls_ca_pem: Some(cert.cert.pem().into_bytes()),
+        });
+        assert!(with_ca.channel("grpc+tls://localhost:1").is_ok());
     }
 }

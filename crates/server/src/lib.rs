@@ -41,7 +41,7 @@ pub use conns::{limited_incoming, LimitedConnection};
 pub use decode::IngestLimits;
 pub use error::{FailedPart, ServerError, EXPECTED_SEQUENCE_KEY};
 pub use flight::IngestService;
-pub use forward::FORWARDED_HEADER;
+pub use forward::{PeerAccess, FORWARDED_HEADER};
 pub use ingest::{FlushTurn, PartAck, MIN_FLUSH_INTERVAL};
 pub use limits::ShardLimits;
 pub use memwal::ProducerSeq;

@@ -57,13 +57,13 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
-    /// Placement through `cluster`; forwarded parts carry `token` (the
-    /// daemons of a cluster share one).
-    pub(crate) fn new(cluster: Arc<Cluster>, token: Option<String>) -> Self {
+    /// Placement through `cluster`; forwarded parts reach the other
+    /// members with `access`.
+    pub(crate) fn new(cluster: Arc<Cluster>, access: crate::forward::PeerAccess) -> Self {
         Self {
             cluster,
             known: Default::default(),
-            peers: crate::forward::Peers::new(token),
+            peers: crate::forward::Peers::new(access),
         }
     }
 
@@ -300,11 +300,16 @@ impl ShardSet {
                 // at once, its WAL replayed. One recorded here and not
                 // open (closed when idle) opens on its next put.
                 (None, Located::Here) if recorded_by(p, &table, shard).is_none() => {
+                    let started = tokio::time::Instant::now();
                     match self.writer(&key, live).await {
                         Ok(_) => {
-                            tracing::info!(table, %shard, "shard claimed (cluster placement)");
+                            let took = started.elapsed();
+                            tracing::info!(table, %shard, ms = took.as_millis() as u64, "shard claimed (cluster placement)");
                             metrics::counter!("memwal_server_cluster_claims_total", "table" => table.clone())
                                 .increment(1);
+                            // Record, claim (epoch bump) and WAL replay.
+                            metrics::histogram!("memwal_server_cluster_claim_seconds", "table" => table.clone())
+                                .record(took.as_secs_f64());
                             moves.claimed += 1;
                         }
                         Err(e) => {
@@ -361,6 +366,9 @@ impl ShardSet {
             }
             metrics::counter!("memwal_server_cluster_handovers_total", "table" => self.table().to_string())
                 .increment(1);
+            // The close: flush and publish of the shard's held rows.
+            metrics::histogram!("memwal_server_cluster_handover_seconds", "table" => self.table().to_string())
+                .record(started.elapsed().as_secs_f64());
         }
         self.forget_if_empty(key, &cell);
         if let Err(e) = p.cluster().release(self.table(), &shard.to_string()).await {

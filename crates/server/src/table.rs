@@ -83,14 +83,15 @@ impl TableHost {
     /// [`TableHost::open`] as a member of `cluster`: the table's shards are
     /// spread over the cluster's live members (`placement.rs`); none is
     /// claimed here until [`Self::spawn_placement`] runs. Rows of shards
-    /// other members own are forwarded to them, with `token` (the members
-    /// share one). Every member must serve the table under the same name.
+    /// other members own are forwarded to them, reached with `access`
+    /// (the cluster's token, and its CA when members serve TLS). Every
+    /// member must serve the table under the same name.
     pub async fn open_cluster(
         name: &str,
         loc: StoreLocation,
         config: ShardWriterConfig,
         cluster: Arc<memwal_cluster::Cluster>,
-        token: Option<String>,
+        access: crate::forward::PeerAccess,
     ) -> Result<Self, ServerError> {
         if name.contains('/') {
             return Err(ServerError::Setup {
@@ -99,7 +100,7 @@ impl TableHost {
                     .into(),
             });
         }
-        let placement = crate::placement::Placement::new(cluster, token);
+        let placement = crate::placement::Placement::new(cluster, access);
         Self::open_placed(name, loc, config, None, Some(placement)).await
     }
 
@@ -324,17 +325,28 @@ impl TableHost {
             .owners_of(&self.name)
             .map(|(shard, o)| {
                 let desired = view.desired(&self.name, shard).map(|m| m.id.clone());
+                // Recorded on one member, placed on another: being handed
+                // over (or its owner's lease is about to expire).
+                let moving = desired.as_deref() != Some(o.member.as_str());
                 (
                     shard.to_string(),
-                    serde_json::json!({ "owner": o.member, "desired": desired, "values": o.values }),
+                    serde_json::json!({
+                        "owner": o.member,
+                        "desired": desired,
+                        "moving": moving,
+                        "values": o.values,
+                    }),
                 )
             })
             .collect();
+        let moving = shards.values().filter(|s| s["moving"] == true).count();
         Some(serde_json::json!({
             "member": c.id(),
             "advertise": c.advertise(),
             "revision": view.revision,
             "members": members,
+            "moves_in_progress": moving,
+            "compactor": view.compactor(&self.name).map(|m| m.id.clone()),
             "shards": shards,
         }))
     }

@@ -6,6 +6,8 @@
 //! their shards), and etcd is restarted. At the end a plain daemon claims
 //! every shard, replays and flushes; the reader view must agree with
 //! every acknowledgement (the invariants of `memwal_testkit::invariants`).
+//! The members run their compactors and GC (one compacts the table at a
+//! time, and that one moves with the events).
 //!
 //! The same checks run against members with a scripted forwarding bug
 //! (`broken::forward_ack_unsent`), which they must catch.
@@ -68,6 +70,13 @@ async fn a_cluster_member_that_acks_unsent_parts_is_caught() {
     eprintln!("broken: forward_ack_unsent: caught: {}", errors[0]);
 }
 
+/// A member with its compactor and GC on (a cycle a second, no grace): the
+/// table's compactor moves with kills, pauses and joins, and compaction
+/// and GC run under the events.
+fn member(table: &str, etcd: &EtcdServer, env: &[(&str, &str)]) -> Daemon {
+    cluster_member_full(table, &etcd.endpoint(), env, None, true)
+}
+
 /// One run: `rounds` of writes through a member (random, or each in turn
 /// without `events`), with a random event after each when `events`; the
 /// members started with `env`. Returns the writes acknowledged and the
@@ -84,7 +93,7 @@ async fn run(rounds: u64, seed: u64, events: bool, env: &[(&str, &str)]) -> (usi
     let mut members: Vec<(u32, Daemon)> = Vec::new();
     for _ in 0..3 {
         started += 1;
-        members.push((started, cluster_member_with(&table, &etcd.endpoint(), env)));
+        members.push((started, member(&table, &etcd, env)));
     }
     let (mut kills, mut zombies, mut etcd_restarts) = (0, 0, 0);
     for round in 0..rounds {
@@ -109,7 +118,7 @@ async fn run(rounds: u64, seed: u64, events: bool, env: &[(&str, &str)]) -> (usi
                 let (_, d) = members.remove(rng.random_range(0..members.len()));
                 kill(d);
                 started += 1;
-                members.push((started, cluster_member_with(&table, &etcd.endpoint(), env)));
+                members.push((started, member(&table, &etcd, env)));
                 kills += 1;
             }
             1 => {
@@ -133,6 +142,17 @@ async fn run(rounds: u64, seed: u64, events: bool, env: &[(&str, &str)]) -> (usi
     for (_, d) in members {
         kill(d);
     }
+    // What the members' compactor merged into the base under the events
+    // (shown: compaction ran, and moved with its member).
+    let (ok, out, err) = memwal(&["inspect", &table, "--json"]);
+    assert!(ok, "{err}");
+    let inspected: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let compacted: u64 = inspected["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["compacted_generation"].as_u64())
+        .sum();
     // Every shard claimed by one daemon, its WAL replayed, everything
     // flushed on SIGTERM.
     let last = Daemon::start(&table, &[]);
@@ -149,7 +169,8 @@ async fn run(rounds: u64, seed: u64, events: bool, env: &[(&str, &str)]) -> (usi
     errors.extend(sstable_duplicates(&table).await);
     eprintln!(
         "chaos (cluster): {rounds} rounds, {kills} kills, {zombies} zombies, {etcd_restarts} etcd \
-         restarts, {started} members; {} writes ({} acked, {} unknown, {} refused); invariants {}",
+         restarts, {started} members, {compacted} generations compacted by the members; {} writes \
+         ({} acked, {} unknown, {} refused); invariants {}",
         ops.len(),
         count(Outcome::Acked),
         count(Outcome::Unknown),

@@ -159,31 +159,66 @@ pub fn cluster_member(table: &str, etcd_endpoint: &str) -> Daemon {
 
 /// [`cluster_member`] with extra environment (`FAILPOINTS`).
 pub fn cluster_member_with(table: &str, etcd_endpoint: &str, env: &[(&str, &str)]) -> Daemon {
+    cluster_member_full(table, etcd_endpoint, env, None, false)
+}
+
+/// TLS for a cluster member: its certificate and key files (the
+/// certificate names `localhost`), and the CA file that signed every
+/// member's certificate.
+pub struct MemberTls<'a> {
+    pub cert: &'a str,
+    pub key: &'a str,
+    pub ca: &'a str,
+}
+
+/// [`cluster_member_with`], serving TLS with `tls` when given (advertised
+/// as `grpc+tls://localhost:PORT`), and with its compactor when `compactor`
+/// (a cycle every second, GC on with no grace).
+pub fn cluster_member_full(
+    table: &str,
+    etcd_endpoint: &str,
+    env: &[(&str, &str)],
+    tls: Option<MemberTls>,
+    compactor: bool,
+) -> Daemon {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free local port")
         .port();
     let listen = format!("127.0.0.1:{port}");
-    let advertise = format!("grpc://{listen}");
+    let advertise = match tls {
+        Some(_) => format!("grpc+tls://localhost:{port}"),
+        None => format!("grpc://{listen}"),
+    };
     let cluster = etcd_endpoint.replace("http://", "etcd://");
-    Daemon::try_launch(
-        table,
-        &[
-            "--no-compactor",
-            "--listen",
-            &listen,
-            "--cluster",
-            &cluster,
-            "--advertise",
-            &advertise,
-            "--cluster-failover-ms",
-            "3000",
-            "--drain-secs",
-            "2",
-        ],
-        env,
-    )
-    .expect("daemon ended before serving")
+    let mut args = if compactor {
+        vec!["--compact-every-secs", "1", "--gc-grace-secs", "0"]
+    } else {
+        vec!["--no-compactor"]
+    };
+    args.extend([
+        "--listen",
+        &listen,
+        "--cluster",
+        &cluster,
+        "--advertise",
+        &advertise,
+        "--cluster-failover-ms",
+        "3000",
+        "--drain-secs",
+        "2",
+    ]);
+    if let Some(t) = &tls {
+        args.extend([
+            "--tls-cert",
+            t.cert,
+            "--tls-key",
+            t.key,
+            "--cluster-tls-ca",
+            t.ca,
+        ]);
+    }
+    Daemon::try_launch(table, &args, env).expect("daemon ended before serving")
 }
 
 /// A daemon a test leaves running (it failed before stopping it) is killed,
