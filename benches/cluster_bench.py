@@ -77,6 +77,11 @@ class Etcd:
         self.proc.wait()
 
 
+# Every member started, killed at exit if still running (a run that
+# stops early must not leave daemons behind).
+STARTED = []
+
+
 class Member:
     def __init__(self, memwal, table, etcd, failover_ms, prefix):
         self.port = free_port()
@@ -88,6 +93,7 @@ class Member:
              "--advertise", f"grpc://127.0.0.1:{self.port}",
              "--cluster-failover-ms", str(failover_ms), "--cluster-prefix", prefix],
             stderr=subprocess.PIPE, text=True)
+        STARTED.append(self)
         for line in self.proc.stderr:
             if "serving" in line and "http://" in line:
                 break
@@ -255,6 +261,9 @@ def main():
         print(f"1 vs 3 members (puts through one member, {a.rows}-row puts, one client): "
               f"{rates[1]:,.0f} vs {rates[3]:,.0f} rows/s (ratio {rates[3]/rates[1]:.2f})")
     finally:
+        for m in STARTED:
+            if m.proc.poll() is None:
+                m.kill()
         etcd.stop()
 
 

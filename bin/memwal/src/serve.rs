@@ -164,37 +164,54 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         }
         None => None,
     };
-    let mut hosts = HashMap::new();
-    for (name, uri) in &names {
-        let loc = open_store(uri).map_err(|e| format!("table `{name}`: {e}"))?;
-        let buckets = match args.shards.get(name) {
-            Some(list) => Some(crate::config::parse_buckets(list)?),
-            None => None,
-        };
-        let host = match &cluster {
-            Some(c) => {
-                TableHost::open_cluster(
-                    name,
-                    loc,
-                    writer_config.clone(),
-                    c.clone(),
-                    peer_access.clone(),
-                )
-                .await
+    // A member whose tables do not open leaves at once (its lease would
+    // keep shards placed on it, refused, until it expired).
+    let opening = async {
+        let mut hosts = HashMap::new();
+        for (name, uri) in &names {
+            let loc = open_store(uri).map_err(|e| format!("table `{name}`: {e}"))?;
+            let buckets = match args.shards.get(name) {
+                Some(list) => Some(crate::config::parse_buckets(list)?),
+                None => None,
+            };
+            let host = match &cluster {
+                Some(c) => {
+                    TableHost::open_cluster(
+                        name,
+                        loc,
+                        writer_config.clone(),
+                        c.clone(),
+                        peer_access.clone(),
+                    )
+                    .await
+                }
+                None => {
+                    TableHost::open_buckets(name, loc, writer_config.clone(), buckets.as_deref())
+                        .await
+                }
             }
-            None => {
-                TableHost::open_buckets(name, loc, writer_config.clone(), buckets.as_deref()).await
-            }
+            .map_err(|e| e.to_string())?;
+            host.set_min_flush_interval(Duration::from_millis(args.min_flush_interval_ms));
+            host.set_shard_limits(memwal_server::ShardLimits {
+                max_open: args.max_open_shards,
+                idle_close: (args.shard_idle_secs > 0)
+                    .then(|| Duration::from_secs(args.shard_idle_secs)),
+            });
+            hosts.insert(name.clone(), Arc::new(host));
         }
-        .map_err(|e| e.to_string())?;
-        host.set_min_flush_interval(Duration::from_millis(args.min_flush_interval_ms));
-        host.set_shard_limits(memwal_server::ShardLimits {
-            max_open: args.max_open_shards,
-            idle_close: (args.shard_idle_secs > 0)
-                .then(|| Duration::from_secs(args.shard_idle_secs)),
-        });
-        hosts.insert(name.clone(), Arc::new(host));
-    }
+        Ok::<_, String>(hosts)
+    };
+    let hosts = match opening.await {
+        Ok(hosts) => hosts,
+        Err(e) => {
+            if let Some(c) = &cluster {
+                if let Err(left) = c.leave().await {
+                    eprintln!("memwal: leaving the cluster: {left} (the lease expires on its own)");
+                }
+            }
+            return Err(e);
+        }
+    };
     let hosts = Arc::new(hosts);
     // A shard whose writer stopped on a storage failure is reopened (a new
     // claim and a replay) with backoff; /readyz reports it until then.

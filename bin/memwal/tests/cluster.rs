@@ -561,3 +561,43 @@ async fn base_holds(table: &str, model: &BTreeMap<i64, String>) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+// Breaks if a daemon that joined the cluster and then failed to open its
+// tables exits still a member (its lease would keep shards placed on it,
+// refused as moving, until it expired): once it has exited, the cluster
+// lists only the member that runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(
+    not(memwal_etcd_tests),
+    ignore = "needs etcd (apt-get install etcd-server)"
+)]
+async fn a_member_whose_tables_do_not_open_leaves_at_once() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_table(&table);
+    let a = member(&table, &etcd);
+    let cluster = etcd.endpoint().replace("http://", "etcd://");
+    let missing = dir.path().join("missing");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memwal"))
+        .args(["serve", "--table", &format!("t={}", missing.display())])
+        .args(["--listen", "127.0.0.1:0", "--http", "127.0.0.1:0"])
+        .args(["--cluster", &cluster, "--advertise", "grpc://127.0.0.1:1"])
+        .args(["--cluster-failover-ms", "10000", "--no-compactor"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("joined the cluster"), "{err}");
+    let (ok, out, err) = memwal(&["status", "--cluster", &cluster, "--json"]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let members: Vec<&str> = v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["advertise"].as_str().unwrap())
+        .collect();
+    assert_eq!(members, [format!("grpc://{}", a.flight)], "{v}");
+    a.stop_ok();
+}
