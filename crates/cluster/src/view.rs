@@ -50,7 +50,7 @@ fn parse<'a>(prefix: &str, key: &'a str) -> Option<Entry<'a>> {
 }
 
 /// The rendezvous name of a table's compactor: not a shard id (those are
-/// hex digits), so it never shares a shard's score.
+/// UUIDs: hex digits and dashes), so it never shares a shard's score.
 const COMPACTOR_SLOT: &str = "#compactor";
 
 impl View {
