@@ -636,6 +636,11 @@ async fn chaos(table: &str, kills_var: &str, default_kills: u64, test: &str) {
             "VIOLATED"
         }
     );
+    assert_held(&errors, &replay);
+}
+
+/// Fails the run with every violation found, and how to replay it.
+fn assert_held(errors: &[String], replay: &str) {
     assert!(
         errors.is_empty(),
         "{} violations (replay: {replay}):\n{}",

@@ -14,21 +14,16 @@ use memwal_testkit::EtcdServer;
 /// The table's shards (buckets).
 const SHARDS: usize = 32;
 
-/// A `bucket(id, 32)` table (`id` int64 key, `v` utf8): enough shards that
-/// each of three members gets some (with 8, one gets none for about 12% of
-/// random member ids).
-fn init_table(table: &str) {
-    let (ok, _, err) = memwal(&[
-        "init",
-        table,
-        "--column",
-        "id:int64:key",
-        "--column",
-        "v:utf8",
-        "--sharding",
-        "bucket(id, 32)",
-    ]);
-    assert!(ok, "{err}");
+/// A real etcd and a `bucket(id, 32)` table (`id` int64 key, `v` utf8)
+/// in a temporary directory (kept while the returned guard lives): enough
+/// shards that each of three members gets some (with 8, one gets none for
+/// about 12% of random member ids).
+fn etcd_and_table() -> (EtcdServer, tempfile::TempDir, String) {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table_of(&table, SHARDS);
+    (etcd, dir, table)
 }
 
 /// A cluster member serving `table` as `t` (failover in 3 s: 2 s leases).
@@ -194,10 +189,7 @@ fn metric(d: &Daemon, name: &str) -> f64 {
     ignore = "needs etcd (apt-get install etcd-server)"
 )]
 async fn three_daemons_take_any_put_and_fail_over_a_killed_one() {
-    let etcd = EtcdServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("t").to_str().unwrap().to_string();
-    init_table(&table);
+    let (etcd, _dir, table) = etcd_and_table();
     let a = member(&table, &etcd);
     let b = member(&table, &etcd);
     let mut c = member(&table, &etcd);
@@ -324,10 +316,7 @@ async fn three_daemons_take_any_put_and_fail_over_a_killed_one() {
     ignore = "needs etcd (apt-get install etcd-server)"
 )]
 async fn a_joining_daemon_takes_shards_and_sigterm_hands_them_back() {
-    let mut etcd = EtcdServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("t").to_str().unwrap().to_string();
-    init_table(&table);
+    let (mut etcd, _dir, table) = etcd_and_table();
     let a = member(&table, &etcd);
     let b = member(&table, &etcd);
     let mut model = BTreeMap::new();
@@ -409,10 +398,7 @@ async fn a_joining_daemon_takes_shards_and_sigterm_hands_them_back() {
     ignore = "needs etcd (apt-get install etcd-server)"
 )]
 async fn members_serving_tls_forward_to_each_other() {
-    let etcd = EtcdServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("t").to_str().unwrap().to_string();
-    init_table(&table);
+    let (etcd, dir, table) = etcd_and_table();
     let _ = rustls::crypto::ring::default_provider().install_default();
     // One certificate for `localhost`, self-signed: it is also the CA.
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
@@ -475,10 +461,7 @@ async fn members_serving_tls_forward_to_each_other() {
     ignore = "needs etcd (apt-get install etcd-server)"
 )]
 async fn one_member_compacts_the_table_and_another_takes_over() {
-    let etcd = EtcdServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("t").to_str().unwrap().to_string();
-    init_table(&table);
+    let (etcd, _dir, table) = etcd_and_table();
     let endpoint = etcd.endpoint();
     let a = cluster_member_full(&table, &endpoint, &[], None, true);
     let b = cluster_member_full(&table, &endpoint, &[], None, true);
@@ -572,10 +555,7 @@ async fn base_holds(table: &str, model: &BTreeMap<i64, String>) {
     ignore = "needs etcd (apt-get install etcd-server)"
 )]
 async fn a_member_whose_tables_do_not_open_leaves_at_once() {
-    let etcd = EtcdServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let table = dir.path().join("t").to_str().unwrap().to_string();
-    init_table(&table);
+    let (etcd, dir, table) = etcd_and_table();
     let a = member(&table, &etcd);
     let cluster = etcd.endpoint().replace("http://", "etcd://");
     let missing = dir.path().join("missing");

@@ -89,22 +89,8 @@ impl Cluster {
             )));
         }
         let config = ClusterConfig { prefix, ..config };
-        let err = |what: &str| {
-            let endpoints = config.endpoints.join(",");
-            let what = what.to_string();
-            move |source| ClusterError::Etcd {
-                endpoints,
-                what,
-                source,
-            }
-        };
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let mut client = Client::connect(&config.endpoints, Some(options))
-            .await
-            .map_err(err("connecting"))?;
+        let err = |what: &str| etcd_failed(&config.endpoints, what);
+        let mut client = connect(&config.endpoints, true).await?;
         let id = uuid::Uuid::new_v4().simple().to_string();
         let lease = register(&mut client, &config, &id)
             .await
@@ -257,35 +243,45 @@ impl Cluster {
 
     fn etcd_error(&self, what: &str, source: etcd_client::Error) -> ClusterError {
         metrics::counter!("memwal_cluster_etcd_errors_total").increment(1);
-        ClusterError::Etcd {
-            endpoints: self.config.endpoints.join(","),
-            what: what.to_string(),
-            source,
-        }
+        etcd_failed(&self.config.endpoints, what)(source)
     }
+}
+
+/// The error of `what` failing at etcd `endpoints`.
+fn etcd_failed(
+    endpoints: &[String],
+    what: &str,
+) -> impl FnOnce(etcd_client::Error) -> ClusterError {
+    let endpoints = endpoints.join(",");
+    let what = what.to_string();
+    move |source| ClusterError::Etcd {
+        endpoints,
+        what,
+        source,
+    }
+}
+
+/// A client of etcd at `endpoints` (5 s to connect and per request); with
+/// `keep_alive`, HTTP/2 pings every 2 s notice a dead connection.
+async fn connect(endpoints: &[String], keep_alive: bool) -> Result<Client, ClusterError> {
+    let mut options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5));
+    if keep_alive {
+        options = options.with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+    }
+    Client::connect(endpoints, Some(options))
+        .await
+        .map_err(etcd_failed(endpoints, "connecting"))
 }
 
 /// The cluster under `prefix` as etcd holds it now, read once without
 /// joining (`memwal status --cluster`).
 pub async fn read_cluster(endpoints: &[String], prefix: &str) -> Result<View, ClusterError> {
-    let err = |what: &str| {
-        let endpoints = endpoints.join(",");
-        let what = what.to_string();
-        move |source| ClusterError::Etcd {
-            endpoints,
-            what,
-            source,
-        }
-    };
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(5));
-    let mut client = Client::connect(endpoints, Some(options))
-        .await
-        .map_err(err("connecting"))?;
+    let mut client = connect(endpoints, false).await?;
     read_view(&mut client, prefix.trim_end_matches('/'))
         .await
-        .map_err(err("reading the cluster"))
+        .map_err(etcd_failed(endpoints, "reading the cluster"))
 }
 
 /// A lease and the member key under it; returns the lease id.

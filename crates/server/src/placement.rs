@@ -294,7 +294,11 @@ impl ShardSet {
                         cell.clear_stopped();
                         self.forget_if_empty(&key, &cell);
                     }
-                    let _ = p.cluster().release(&table, &shard.to_string()).await;
+                    if let Err(e) = p.cluster().release(&table, &shard.to_string()).await {
+                        // Retried by the next pass (the record is released
+                        // only while still this daemon's).
+                        tracing::warn!(table, %shard, error = %e, "releasing the shard's record failed");
+                    }
                 }
                 // Recorded by nobody (its owner left or died): claimed
                 // at once, its WAL replayed. One recorded here and not

@@ -43,12 +43,7 @@ async fn a_cluster_under_kills_pauses_and_etcd_restarts_loses_nothing_acknowledg
         acked > 0,
         "no write was acknowledged: the run proved nothing ({replay})"
     );
-    assert!(
-        errors.is_empty(),
-        "{} violations (replay: {replay}):\n{}",
-        errors.len(),
-        errors.join("\n")
-    );
+    assert_held(&errors, &replay);
 }
 
 // Breaks if the cluster run's checks miss a member that acknowledges the

@@ -238,12 +238,7 @@ async fn idempotent_producers_write_each_batch_once_through_kills() {
             "VIOLATED"
         }
     );
-    assert!(
-        errors.is_empty(),
-        "{} violations (replay: {replay}):\n{}",
-        errors.len(),
-        errors.join("\n")
-    );
+    assert_held(&errors, &replay);
 }
 
 // Breaks if the exactly-once check cannot see a daemon that ignores

@@ -392,6 +392,12 @@ pub async fn base_rows(table: &str) -> BTreeMap<i64, String> {
 
 /// A `bucket(id, 4)` table with `id` int64 key and `v` utf8, by `memwal init`.
 pub fn init_bucket_table(table: &str) {
+    init_bucket_table_of(table, 4);
+}
+
+/// [`init_bucket_table`] with `buckets` buckets.
+pub fn init_bucket_table_of(table: &str, buckets: usize) {
+    let sharding = format!("bucket(id, {buckets})");
     let (ok, _, err) = memwal(&[
         "init",
         table,
@@ -400,7 +406,7 @@ pub fn init_bucket_table(table: &str) {
         "--column",
         "v:utf8",
         "--sharding",
-        "bucket(id, 4)",
+        &sharding,
     ]);
     assert!(ok, "{err}");
 }
