@@ -16,7 +16,9 @@ Per query form: median seconds over `--reps` for each side, their ratio
 MB/s for full scans, and the daemon's peak RSS during the query
 (`VmHWM`, reset before each query through /proc/PID/clear_refs; needs
 the daemon to be this user's) and its growth over the RSS the query
-started from. The selective filter runs again after a
+started from, and the CPU seconds each side used: the daemon's and its
+client's (this process, decoding the rows) for memwal, this process's
+for pylance (medians). The selective filter runs again after a
 BTREE index on `id` is built with pylance. With `--vector-dim` (16 by
 default) the base has a float32 vector column `vec` (the fresh rows
 leave it null) and an exact top-10 search runs on both sides.
@@ -25,7 +27,11 @@ Usage (from the repository root; pylance, pyarrow, numpy and the ADBC
 Flight SQL driver installed, e.g. `bash scripts/py-clients.sh`):
   python benches/read_scale.py --memwal PATH/TO/release/memwal \
       [--dir /var/tmp/read-scale] [--rows 5000000] [--value-bytes 1000] \
-      [--fresh 50000] [--reps 3] [--query-memory-mib 512] [--keep]
+      [--fresh 50000] [--reps 3] [--query-memory-mib 512] [--keep] [--write-only]
+
+Two binaries on the same data: write the base once (`--write-only`),
+copy `DIR/t` aside, and before each binary's run (`--keep`) copy it back:
+a run adds fresh rows and a BTREE index to the table.
 """
 import argparse
 import json
@@ -94,6 +100,10 @@ def main():
     ap.add_argument("--vector-dim", type=int, default=16,
                     help="a float32 vector column `vec` in the base (0: none) for exact top-k")
     ap.add_argument("--keep", action="store_true", help="reuse a base table left by an earlier run")
+    ap.add_argument("--only", default="",
+                    help="run only the forms whose names start with one of these (comma-separated)")
+    ap.add_argument("--write-only", action="store_true",
+                    help="write the base table and stop (copy it to compare binaries on the same base)")
     a = ap.parse_args()
     path = os.path.join(a.dir, "t")
     rng = np.random.default_rng(7)
@@ -125,6 +135,8 @@ def main():
         lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), path, mode="append",
                             max_rows_per_file=1_000_000)
         print(f"base written in {time.time() - started:.0f} s", file=sys.stderr)
+    if a.write_only:
+        return
     ds = lance.dataset(path)
     on_disk = sum(f.stat().st_size for f in pathlib.Path(path).rglob("*") if f.is_file())
     base_rows = ds.count_rows()
@@ -184,13 +196,17 @@ def run(a, path, port, pid, rng, base_rows, on_disk):
                       lambda: ds.to_table(nearest={"column": "vec", "q": q, "k": 10, "use_index": False},
                                           columns=["id"]).num_rows, False))
     out = {"expected_rows": expected, "forms": []}
+    only = [o for o in a.only.split(",") if o]
+    wanted = lambda name: not only or any(name.startswith(o) for o in only)
     for name, sql, pylance_call, scan in forms:
-        out["forms"].append(measure(a, cur, pid, name, sql, pylance_call, scan))
-    lance.dataset(path).create_scalar_index("id", "BTREE")
-    ds = lance.dataset(path)
-    out["forms"].append(measure(
-        a, cur, pid, "100 ids by range, BTREE on id", f"SELECT * FROM t WHERE id BETWEEN {lo} AND {lo + 99}",
-        lambda: ds.to_table(filter=f"id >= {lo} AND id <= {lo + 99}").num_rows, False))
+        if wanted(name):
+            out["forms"].append(measure(a, cur, pid, name, sql, pylance_call, scan))
+    if wanted("100 ids by range, BTREE on id"):
+        lance.dataset(path).create_scalar_index("id", "BTREE")
+        ds = lance.dataset(path)
+        out["forms"].append(measure(
+            a, cur, pid, "100 ids by range, BTREE on id", f"SELECT * FROM t WHERE id BETWEEN {lo} AND {lo + 99}",
+            lambda: ds.to_table(filter=f"id >= {lo} AND id <= {lo + 99}").num_rows, False))
     cur.execute("SELECT count(*) FROM t")
     out["count"] = cur.fetchall()[0][0]
     cur.close()
@@ -205,27 +221,48 @@ def group_ids(ds):
     return int(counts.sum())
 
 
+def cpu_s(pid):
+    """CPU seconds (user + system) process `pid` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s():
+    t = os.times()
+    return t.user + t.system
+
+
 def measure(a, cur, pid, name, sql, pylance_call, scan):
     ours, theirs, peaks, before, rows, nbytes = [], [], [], [], 0, 0
+    daemon_cpu, client_cpu, pylance_cpu = [], [], []
     for rep in range(a.reps):
         order = ["memwal", "pylance"] if rep % 2 == 0 else ["pylance", "memwal"]
         for side in order:
             if side == "memwal":
                 rss_reset(pid)
                 before.append(status_mib(pid, "VmRSS"))
+                cpu0, own0 = cpu_s(pid), own_cpu_s()
                 started = time.perf_counter()
                 cur.execute(sql)
                 rows, nbytes = drain(cur.fetch_record_batch())
                 ours.append(time.perf_counter() - started)
+                daemon_cpu.append(cpu_s(pid) - cpu0)
+                client_cpu.append(own_cpu_s() - own0)
                 peaks.append(status_mib(pid, "VmHWM"))
             else:
+                own0 = own_cpu_s()
                 started = time.perf_counter()
                 pylance_call()
                 theirs.append(time.perf_counter() - started)
+                pylance_cpu.append(own_cpu_s() - own0)
     m, p = statistics.median(ours), statistics.median(theirs)
     return {"form": name, "memwal_s": m, "pylance_s": p, "speed": p / m, "rows": rows,
             "mb_s": nbytes / m / 1e6 if scan else None, "peak_rss_mib": max(peaks),
             "rss_growth_mib": max(p - b for p, b in zip(peaks, before)),
+            "daemon_cpu_s": statistics.median(daemon_cpu),
+            "client_cpu_s": statistics.median(client_cpu),
+            "pylance_cpu_s": statistics.median(pylance_cpu),
             "memwal_runs": ours, "pylance_runs": theirs}
 
 
@@ -234,11 +271,13 @@ def report(a, results, base_rows, on_disk):
           f"{a.fresh:,} unflushed; query_memory_mib {a.query_memory_mib}; count(*) through memwal: "
           f"{results['count']:,} (expected {results['expected_rows']:,})")
     print()
-    print("| form | rows | memwal over Flight SQL, s | pylance base scan, s | memwal / pylance speed | memwal MB/s | daemon peak RSS (growth during the query), MiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| form | rows | memwal over Flight SQL, s | pylance base scan, s | memwal / pylance speed | memwal MB/s | daemon peak RSS (growth during the query), MiB | CPU-s: daemon / its client / pylance |")
+    print("|---|---|---|---|---|---|---|---|")
     for f in results["forms"]:
         mb = f"{f['mb_s']:.0f}" if f["mb_s"] else ""
-        print(f"| {f['form']} | {f['rows']:,} | {f['memwal_s']:.3f} | {f['pylance_s']:.3f} | {f['speed']:.2f} | {mb} | {f['peak_rss_mib']:.0f} (+{f['rss_growth_mib']:.0f}) |")
+        print(f"| {f['form']} | {f['rows']:,} | {f['memwal_s']:.3f} | {f['pylance_s']:.3f} | {f['speed']:.2f} | {mb} "
+              f"| {f['peak_rss_mib']:.0f} (+{f['rss_growth_mib']:.0f}) "
+              f"| {f['daemon_cpu_s']:.2f} / {f['client_cpu_s']:.2f} / {f['pylance_cpu_s']:.2f} |")
 
 
 if __name__ == "__main__":

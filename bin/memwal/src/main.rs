@@ -1,8 +1,8 @@
 //! `memwal`: command-line access to MemWAL shards of a Lance table.
 //!
-//! Table setup (`init`), maintenance (`compact`, `gc`) and shard manifest
-//! operations (`shard …`); the ingestion daemon will be served from this
-//! binary as well.
+//! The ingestion daemon (`serve`), table setup (`init`), maintenance
+//! (`compact`, `gc`), shard manifest operations (`shard …`), queries and
+//! loads.
 
 mod config;
 mod inspect;

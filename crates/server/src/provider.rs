@@ -304,6 +304,12 @@ impl TableProvider for HostTable {
             out,
             filter: crate::reader::scan::conjunction(&pushed),
             limit,
+            key_budget: crate::reader::scan::key_budget(
+                match state.runtime_env().memory_pool.memory_limit() {
+                    datafusion::execution::memory_pool::MemoryLimit::Finite(n) => Some(n),
+                    _ => None,
+                },
+            ),
         };
         self.host
             .scan_plan(&req)
@@ -423,6 +429,7 @@ pub(crate) mod tests {
             out: host.schema(),
             filter: Some(filter),
             limit: None,
+            key_budget: crate::reader::scan::key_budget(None),
         };
         let plan = host.scan_plan(&req).await.unwrap();
         let ctx = datafusion::prelude::SessionContext::new();

@@ -12,6 +12,7 @@
 pub(crate) mod kept;
 pub(crate) mod lookup;
 pub(crate) mod memtables;
+pub(crate) mod merge;
 pub(crate) mod owners;
 pub(crate) mod scan;
 pub(crate) mod search;

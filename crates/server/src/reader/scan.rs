@@ -4,13 +4,15 @@
 //! The snapshot rules are those of [`crate::reader::snapshot`] (each held writer's
 //! snapshot, then the published view): every put acknowledged before the
 //! plan is made is in it, no unacknowledged row is, no fenced writer's row
-//! is. A keyed table is scanned by upstream's LSM planner
-//! (`LsmScanner::create_plan`): each level (the base, the published
-//! SSTables above what it holds, the held memtables) deduplicated on its
-//! own, and a key's older copies dropped by the newer levels' key lists,
-//! so no key appears twice and the filter can run inside each level's
-//! scan. An append-only table is the union of its levels, each a scan of
-//! its own (in parallel partitions).
+//! is. A keyed table's levels (the base, the published SSTables above
+//! what it holds, the held memtables) are merged so that no key appears
+//! twice and the filter can run inside each level's scan: the base by a
+//! hash anti-join against the fresh levels' keys (`merge.rs`), or, when
+//! those keys would take too much of the query's memory, by upstream's
+//! LSM planner over every level (`LsmScanner::create_plan`: each level
+//! deduplicated on its own, a key's older copies dropped by the newer
+//! levels' key indexes). An append-only table is the union of its
+//! levels, each a scan of its own (in parallel partitions).
 //!
 //! What is pushed down: the columns asked for (a `count(*)` reads the key
 //! columns only), the filters of [`pushable`] form (Lance evaluates them
@@ -46,6 +48,18 @@ use futures::StreamExt;
 use crate::reader::snapshot::{column_or_nulls, Snapshots};
 use crate::{ServerError, TableHost};
 
+/// The decoded bytes a level's scan puts in one batch at most (Lance's
+/// `batch_size_bytes`; by rows alone its batches here are 16,384 rows
+/// whatever their width: 17 MB of data in 69 MB of buffers for 1 KB
+/// rows). The batches a query has in flight (decoded ahead, queued for
+/// its client) are what a full scan holds beyond the query's budget.
+const SCAN_BATCH_BYTES: u64 = 4 << 20;
+
+/// The rows a level's scan puts in one batch at most (Lance's default on
+/// our stores; with only a byte limit, a narrow column's batches grow to
+/// 512 K rows and a `count(*)` decodes fewer of them at once).
+const SCAN_BATCH_ROWS: usize = 16_384;
+
 /// The storage schema's tombstone column (memtable, WAL and SSTable rows).
 const TOMBSTONE: &str = memwal_memtable::TOMBSTONE_COLUMN;
 
@@ -64,7 +78,23 @@ pub(crate) struct ScanRequest {
     /// filter (a level may fail to apply the filter, which is then left
     /// to the caller: a limit below it would cut rows it would keep).
     pub(crate) limit: Option<usize>,
+    /// Bytes the fresh levels' keys may take in a hash table when a keyed
+    /// table's levels are merged (`merge.rs`); past it the merge probes
+    /// the fresh levels' key indexes instead. A share of the query's
+    /// memory budget ([`key_budget`]).
+    pub(crate) key_budget: usize,
 }
+
+/// The share of a query's memory (`limit`: its pool's limit, `None`:
+/// unlimited) its scans' merges may give the fresh levels' keys: a
+/// quarter, or [`UNBOUNDED_KEY_BUDGET`] without a limit.
+pub(crate) fn key_budget(limit: Option<usize>) -> usize {
+    limit.map_or(UNBOUNDED_KEY_BUDGET, |n| n / 4)
+}
+
+/// [`key_budget`] for a query whose memory is not limited (an embedded
+/// [`TableHost::scan_stream`]).
+const UNBOUNDED_KEY_BUDGET: usize = 256 << 20;
 
 impl TableHost {
     /// A plan streaming the table's live rows as of now (see the module
@@ -129,8 +159,9 @@ impl TableHost {
         })
     }
 
-    /// A keyed table's levels merged by upstream's LSM planner. A filter
-    /// Lance cannot plan is left to the query (it is never exact here).
+    /// A keyed table's levels merged: by a hash anti-join of the base
+    /// against the fresh levels' keys when those fit the request's key
+    /// budget (`merge.rs`), else by upstream's LSM planner over every level.
     async fn levels_merged(
         &self,
         req: &ScanRequest,
@@ -138,18 +169,37 @@ impl TableHost {
         snapshots: &Snapshots,
         view: &memwal_table::TableView,
     ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
-        let base: arrow_schema::Schema = view.base.schema().into();
         self.reader()
             .memtables
             .keep_only(&snapshots.keys().copied().collect());
+        if !memwal_store::broken("broken::scan_merge_upstream_only") {
+            if let Some(plan) = self.levels_joined(req, keys, snapshots, view).await? {
+                return Ok(plan);
+            }
+        }
+        self.planned_merge(req, keys, snapshots, view, true).await
+    }
+
+    /// Upstream's LSM planner over the fresh levels of `view` and
+    /// `snapshots`, and over the base when `with_base`. A filter Lance
+    /// cannot plan is left to the query (it is never exact here).
+    pub(super) async fn planned_merge(
+        &self,
+        req: &ScanRequest,
+        keys: &[String],
+        snapshots: &Snapshots,
+        view: &memwal_table::TableView,
+        with_base: bool,
+    ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
+        let base: arrow_schema::Schema = view.base.schema().into();
         let filter = req.filter.as_ref().filter(|f| applies_to(f, &base));
-        let scanner = self.merged_scanner(req, keys, snapshots, view, &base, filter)?;
-        let plan = match (scanner.create_plan().await, filter) {
+        let scanner = |filter| self.merged_scanner(req, keys, snapshots, view, with_base, filter);
+        let plan = match (scanner(filter)?.create_plan().await, filter) {
             (Ok(plan), _) => plan,
             (Err(e), Some(f)) => {
                 tracing::debug!(table = %self.name(), filter = %f, error = %e,
                     "Lance cannot plan the filter; the query applies it");
-                self.merged_scanner(req, keys, snapshots, view, &base, None)?
+                scanner(None)?
                     .create_plan()
                     .await
                     .map_err(|e| self.read_failed("planning the scan", e))?
@@ -159,27 +209,30 @@ impl TableHost {
         Ok(Arc::new(Conformed::new(plan, req.out.clone())))
     }
 
-    /// Upstream's scanner over `view` (whose base has the Arrow schema
-    /// `base`) and `snapshots` for `req`, with `filter` pushed into every
-    /// level.
+    /// Upstream's scanner over `view` (the base only `with_base`) and
+    /// `snapshots` for `req`, with `filter` pushed into every level.
     fn merged_scanner(
         &self,
         req: &ScanRequest,
         keys: &[String],
         snapshots: &Snapshots,
         view: &memwal_table::TableView,
-        base: &arrow_schema::Schema,
+        with_base: bool,
         filter: Option<&Expr>,
     ) -> Result<lance::dataset::mem_wal::LsmScanner, ServerError> {
         let failed = |what: &str, e: String| ServerError::Setup {
             table: self.name().to_string(),
             reason: format!("{what}: {e}"),
         };
-        let mut scanner = lance::dataset::mem_wal::LsmScanner::new(
-            view.base.clone(),
-            view.snapshots(),
-            keys.to_vec(),
-        );
+        let base: arrow_schema::Schema = view.base.schema().into();
+        let mut scanner = match with_base {
+            true => lance::dataset::mem_wal::LsmScanner::new(
+                view.base.clone(),
+                view.snapshots(),
+                keys.to_vec(),
+            ),
+            false => fresh_only_scanner(view, &base, keys),
+        };
         let account = self.reader().account.pool();
         for s in snapshots.values() {
             if let Some(m) = self
@@ -192,7 +245,7 @@ impl TableHost {
             }
         }
         // Only what the table has now; the rest reads as nulls.
-        let columns = present(&req.out, base);
+        let columns = present(&req.out, &base);
         scanner = scanner
             .project(&columns)
             .map_err(|e| failed("projecting the scan", e.to_string()))?;
@@ -209,7 +262,7 @@ impl TableHost {
 
     /// A level that could not be opened or planned, typed: `UNAVAILABLE`
     /// when storage failed in a way a retry may pass.
-    fn read_failed(&self, what: &'static str, source: lance::Error) -> ServerError {
+    pub(super) fn read_failed(&self, what: &'static str, source: lance::Error) -> ServerError {
         ServerError::Read {
             table: self.name().to_string(),
             what,
@@ -282,7 +335,7 @@ impl TableHost {
     /// One Lance dataset's rows in `req.out` (its tombstones dropped):
     /// the columns it has (and its tombstones), `req.filter` where every
     /// column it names is there, at most `limit` rows.
-    async fn level_scan(
+    pub(super) async fn level_scan(
         &self,
         ds: &Arc<lance::Dataset>,
         req: &ScanRequest,
@@ -302,6 +355,8 @@ impl TableHost {
         let scanner = |filter: Option<&Expr>| {
             let mut scanner = ds.scan();
             scanner.project(&columns)?;
+            scanner.batch_size(SCAN_BATCH_ROWS);
+            scanner.batch_size_bytes(SCAN_BATCH_BYTES);
             if let Some(f) = filter {
                 scanner.filter_expr(f.clone());
             }
@@ -387,6 +442,7 @@ impl TableHost {
             },
             filter: pushed.and_then(|f| conjunction(&[f])),
             limit: if predicate.is_some() { None } else { limit },
+            key_budget: key_budget(None),
         };
         let mut plan = self.scan_plan(&req).await?;
         if let Some(p) = predicate {
@@ -469,6 +525,38 @@ fn at_rest(snapshots: &Snapshots, view: &memwal_table::TableView) -> bool {
         .values()
         .all(|s| s.batches.iter().all(|b| b.num_rows() == 0))
         && view.shards.iter().all(|s| s.sstables.is_empty())
+}
+
+/// Upstream's scanner over `view`'s fresh levels without its base: its
+/// SSTables resolved under the base's URI with the base's session and
+/// store parameters, its columns matched to the base's by field id, as
+/// the scanner over every level would.
+fn fresh_only_scanner(
+    view: &memwal_table::TableView,
+    base: &arrow_schema::Schema,
+    keys: &[String],
+) -> lance::dataset::mem_wal::LsmScanner {
+    let mut scanner = lance::dataset::mem_wal::LsmScanner::without_base_table(
+        Arc::new(base.clone()),
+        view.base.uri(),
+        view.snapshots(),
+        keys.to_vec(),
+    )
+    .with_identity_schema(Arc::new(
+        lance::dataset::mem_wal::arrow_schema_with_field_ids(view.base.schema()),
+    ))
+    .with_session(view.base.session());
+    if let Some(params) = view.base.store_params() {
+        // The base's own store binding would redirect every SSTable's
+        // open to the base; the rest (options, credentials) carries over.
+        #[allow(deprecated)]
+        let params = lance::io::ObjectStoreParams {
+            object_store: None,
+            ..params.clone()
+        };
+        scanner = scanner.with_store_params(params);
+    }
+    scanner
 }
 
 /// The names of `out`'s columns that `schema` has, in `out`'s order.
@@ -592,7 +680,7 @@ fn conform(b: &RecordBatch, out: &SchemaRef) -> Result<RecordBatch, arrow_schema
 /// whose second output is not read yet buffers it whole (a level's rows
 /// in memory, past any query budget).
 #[derive(Debug)]
-struct Conformed {
+pub(super) struct Conformed {
     input: Arc<dyn ExecutionPlan>,
     out: SchemaRef,
     properties: Arc<PlanProperties>,
@@ -603,7 +691,7 @@ struct Conformed {
 }
 
 impl Conformed {
-    fn new(input: Arc<dyn ExecutionPlan>, out: SchemaRef) -> Self {
+    pub(super) fn new(input: Arc<dyn ExecutionPlan>, out: SchemaRef) -> Self {
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(out.clone()),
             input.properties().output_partitioning().clone(),
@@ -616,6 +704,12 @@ impl Conformed {
             properties,
             rows: None,
         }
+    }
+
+    /// The plan it runs.
+    #[cfg(test)]
+    pub(super) fn inner(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
     }
 
     /// The same, known to return exactly `rows` rows.
