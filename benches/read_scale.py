@@ -27,7 +27,8 @@ Usage (from the repository root; pylance, pyarrow, numpy and the ADBC
 Flight SQL driver installed, e.g. `bash scripts/py-clients.sh`):
   python benches/read_scale.py --memwal PATH/TO/release/memwal \
       [--dir /var/tmp/read-scale] [--rows 5000000] [--value-bytes 1000] \
-      [--fresh 50000] [--reps 3] [--query-memory-mib 512] [--keep] [--write-only]
+      [--fresh 50000] [--reps 3] [--query-memory-mib 512] [--keep] [--write-only] \
+      [--only "count,SELECT"]
 
 Two binaries on the same data: write the base once (`--write-only`),
 copy `DIR/t` aside, and before each binary's run (`--keep`) copy it back:

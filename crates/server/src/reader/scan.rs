@@ -172,10 +172,8 @@ impl TableHost {
         self.reader()
             .memtables
             .keep_only(&snapshots.keys().copied().collect());
-        if !memwal_store::broken("broken::scan_merge_upstream_only") {
-            if let Some(plan) = self.levels_joined(req, keys, snapshots, view).await? {
-                return Ok(plan);
-            }
+        if let Some(plan) = self.levels_joined(req, keys, snapshots, view).await? {
+            return Ok(plan);
         }
         self.planned_merge(req, keys, snapshots, view, true).await
     }
