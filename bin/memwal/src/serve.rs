@@ -126,14 +126,7 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
         token: args.token.clone(),
         tls_ca_pem: match &args.cluster_tls_ca {
             Some(path) => {
-                let pem = std::fs::read(path)
-                    .map_err(|e| format!("cluster_tls_ca {}: {e}", path.display()))?;
-                if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                    return Err(format!(
-                        "cluster_tls_ca {}: no PEM certificate in it",
-                        path.display()
-                    ));
-                }
+                let pem = cluster_ca(path)?;
                 // The process's rustls provider (see `flight_server`).
                 let _ = rustls::crypto::ring::default_provider().install_default();
                 Some(pem)
@@ -389,6 +382,27 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
 
 /// The Flight server builder, with TLS when a certificate is configured,
 /// and the URI scheme clients use.
+/// The PEM file at `path` (`cluster_tls_ca`), once every certificate in
+/// it parses as a trust anchor: a file that is unreadable, holds no
+/// certificate or a broken one fails the start, naming the file, instead
+/// of every forward to a TLS member later.
+fn cluster_ca(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    use rustls::pki_types::pem::PemObject;
+    let failed = |e: String| format!("cluster_tls_ca {}: {e}", path.display());
+    let pem = std::fs::read(path).map_err(|e| failed(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| failed(format!("not PEM: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| failed(format!("not a CA certificate: {e}")))?;
+    }
+    match roots.is_empty() {
+        true => Err(failed("no PEM certificate in it".into())),
+        false => Ok(pem),
+    }
+}
+
 fn flight_server(
     args: &crate::config::ServeConfig,
 ) -> Result<(tonic::transport::Server, &'static str), String> {
@@ -438,5 +452,42 @@ impl Signals {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    // Breaks if a `cluster_tls_ca` file whose certificate does not parse
+    // (a PEM header over garbage), or that holds no certificate, is
+    // accepted at start (every forward to a TLS member then failed), or
+    // if a real CA certificate is refused.
+    #[test]
+    fn a_broken_cluster_ca_fails_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let broken = file(
+            "broken.pem",
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n",
+        );
+        let e = super::cluster_ca(&broken).unwrap_err();
+        assert!(
+            e.contains("cluster_tls_ca") && e.contains("broken.pem"),
+            "{e}"
+        );
+        let empty = file("empty.pem", "just text\n");
+        let e = super::cluster_ca(&empty).unwrap_err();
+        assert!(e.contains("no PEM certificate"), "{e}");
+        let e = super::cluster_ca(&dir.path().join("missing.pem")).unwrap_err();
+        assert!(e.contains("missing.pem"), "{e}");
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let good = file("ca.pem", &ca.cert.pem());
+        assert_eq!(
+            super::cluster_ca(&good).unwrap(),
+            std::fs::read(&good).unwrap()
+        );
     }
 }
