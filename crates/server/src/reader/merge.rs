@@ -50,6 +50,10 @@ use crate::{ServerError, TableHost};
 /// capacity, the allocation's rounding.
 const PER_KEY_OVERHEAD: usize = 48;
 
+/// SSTables opened at once for a scan (each open reads its manifest: on
+/// an object store, a round trip).
+const OPEN_CONCURRENCY: usize = 16;
+
 /// Width assumed for a key column without a fixed width (text, binary).
 const VARIABLE_KEY_WIDTH: usize = 32;
 
@@ -84,7 +88,11 @@ impl TableHost {
             })
             .sum::<usize>()
             + PER_KEY_OVERHEAD;
-        if fresh.rows.saturating_mul(per_key) > req.key_budget {
+        let over = fresh.rows.saturating_mul(per_key) > req.key_budget;
+        metrics::counter!("memwal_server_scan_merges_total", "table" => self.name().to_string(),
+            "merge" => if over { "upstream" } else { "hash" })
+        .increment(1);
+        if over {
             tracing::debug!(table = %self.name(), fresh_rows = fresh.rows,
                 budget = req.key_budget, "fresh keys over their budget: upstream's merge");
             return Ok(None);
@@ -169,7 +177,9 @@ impl TableHost {
                 Ok::<_, lance::Error>((Arc::new(ds), rows))
             }
         });
-        let opened = futures::future::try_join_all(opens)
+        let opened: Vec<_> = futures::stream::iter(opens)
+            .buffered(OPEN_CONCURRENCY)
+            .try_collect()
             .await
             .map_err(|e| self.read_failed("opening an SSTable", e))?;
         let mut rows: usize = snapshots
