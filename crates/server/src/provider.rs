@@ -362,6 +362,18 @@ pub(crate) mod tests {
         )
     }
 
+    /// Merges every published SSTable of `host`'s table into its base
+    /// (one compactor pass, each shard's result checked).
+    pub(crate) async fn compact(host: &TableHost) {
+        let compactor = memwal_compactor::Compactor::new(
+            host.loc().clone(),
+            memwal_compactor::CompactorConfig::default(),
+        );
+        for r in compactor.run_once().await.unwrap() {
+            r.unwrap();
+        }
+    }
+
     fn pairs(batches: &[RecordBatch]) -> Vec<(i64, String)> {
         let mut out = Vec::new();
         for b in batches {

@@ -293,13 +293,7 @@ async fn a_count_of_a_table_at_rest_reads_nothing() {
     .unwrap();
     host.write(&deletes, true).await.unwrap();
     host.flush().await.unwrap();
-    let compactor = memwal_compactor::Compactor::new(
-        host.loc().clone(),
-        memwal_compactor::CompactorConfig::default(),
-    );
-    for r in compactor.run_once().await.unwrap() {
-        r.unwrap();
-    }
+    crate::provider::tests::compact(&host).await;
     let queries = Queries::new(hosts.clone(), QueryLimits::default());
     let sql = "SELECT count(*) FROM t";
     let plan = physical_plan(&queries, sql).await;

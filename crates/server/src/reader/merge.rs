@@ -548,13 +548,7 @@ mod tests {
             .await
             .unwrap();
         host.flush().await.unwrap();
-        let compactor = memwal_compactor::Compactor::new(
-            host.loc().clone(),
-            memwal_compactor::CompactorConfig::default(),
-        );
-        for r in compactor.run_once().await.unwrap() {
-            r.unwrap();
-        }
+        crate::provider::tests::compact(&host).await;
         let deletes = |ids: Vec<i64>| {
             RecordBatch::try_new(
                 host.key_schema(),

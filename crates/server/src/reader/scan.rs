@@ -191,7 +191,8 @@ impl TableHost {
     ) -> Result<Arc<dyn ExecutionPlan>, ServerError> {
         let base: arrow_schema::Schema = view.base.schema().into();
         let filter = req.filter.as_ref().filter(|f| applies_to(f, &base));
-        let scanner = |filter| self.merged_scanner(req, keys, snapshots, view, with_base, filter);
+        let scanner =
+            |filter| self.merged_scanner(req, keys, snapshots, view, &base, with_base, filter);
         let plan = match (scanner(filter)?.create_plan().await, filter) {
             (Ok(plan), _) => plan,
             (Err(e), Some(f)) => {
@@ -207,14 +208,17 @@ impl TableHost {
         Ok(Arc::new(Conformed::new(plan, req.out.clone())))
     }
 
-    /// Upstream's scanner over `view` (the base only `with_base`) and
-    /// `snapshots` for `req`, with `filter` pushed into every level.
+    /// Upstream's scanner over `view` (whose base has the Arrow schema
+    /// `base`; the base read only `with_base`) and `snapshots` for `req`,
+    /// with `filter` pushed into every level.
+    #[allow(clippy::too_many_arguments)]
     fn merged_scanner(
         &self,
         req: &ScanRequest,
         keys: &[String],
         snapshots: &Snapshots,
         view: &memwal_table::TableView,
+        base: &arrow_schema::Schema,
         with_base: bool,
         filter: Option<&Expr>,
     ) -> Result<lance::dataset::mem_wal::LsmScanner, ServerError> {
@@ -222,14 +226,13 @@ impl TableHost {
             table: self.name().to_string(),
             reason: format!("{what}: {e}"),
         };
-        let base: arrow_schema::Schema = view.base.schema().into();
         let mut scanner = match with_base {
             true => lance::dataset::mem_wal::LsmScanner::new(
                 view.base.clone(),
                 view.snapshots(),
                 keys.to_vec(),
             ),
-            false => fresh_only_scanner(view, &base, keys),
+            false => fresh_only_scanner(view, base, keys),
         };
         let account = self.reader().account.pool();
         for s in snapshots.values() {
@@ -243,7 +246,7 @@ impl TableHost {
             }
         }
         // Only what the table has now; the rest reads as nulls.
-        let columns = present(&req.out, &base);
+        let columns = present(&req.out, base);
         scanner = scanner
             .project(&columns)
             .map_err(|e| failed("projecting the scan", e.to_string()))?;
