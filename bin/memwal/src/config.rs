@@ -14,6 +14,10 @@
 //! compact_every_secs = 30
 //! index_catchup = true           # bring the base indexes up to compacted rows
 //! index_catchup_secs = 0         #   at most this often (0: every cycle)
+//! maintenance = true             # keep the base healthy: rewrite small fragments by size tier,
+//! target_fragment_rows = 1048576 #   up to this many rows, and fragments whose deleted
+//! materialize_deletions_pct = 10 #   rows pass this share (docs/design/base-maintenance.md)
+//! base_cleanup = true            # with gc: remove base-table versions older than gc_grace_secs
 //! drain_secs = 10                # after SIGTERM, in-flight calls get this long
 //! max_streams = 256              # ingest calls open at once (RESOURCE_EXHAUSTED past it)
 //! max_connections = 512          # Flight connections open at once (more are closed on accept)
@@ -53,7 +57,8 @@
 //!
 //! Environment: `MEMWAL_DATA_DIR`, `MEMWAL_LISTEN`, `MEMWAL_HTTP`,
 //! `MEMWAL_COMPACTOR` (`true`/`false`), `MEMWAL_GC`, `MEMWAL_GC_GRACE_SECS`, `MEMWAL_COMPACT_EVERY_SECS`,
-//! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_DRAIN_SECS`,
+//! `MEMWAL_INDEX_CATCHUP`, `MEMWAL_INDEX_CATCHUP_SECS`, `MEMWAL_MAINTENANCE`, `MEMWAL_TARGET_FRAGMENT_ROWS`,
+//! `MEMWAL_MATERIALIZE_DELETIONS_PCT`, `MEMWAL_BASE_CLEANUP`, `MEMWAL_DRAIN_SECS`,
 //! `MEMWAL_MAX_STREAMS`, `MEMWAL_MAX_CONNECTIONS`, `MEMWAL_MAX_DECODED_MIB_IN_FLIGHT`, `MEMWAL_FIRST_MESSAGE_SECS`,
 //! `MEMWAL_MIN_FLUSH_INTERVAL_MS`, `MEMWAL_MAX_OPEN_SHARDS`, `MEMWAL_SHARD_IDLE_SECS`, `MEMWAL_SCHEMA_POLL_MS`,
 //! `MEMWAL_QUERY_MEMORY_MIB`, `MEMWAL_QUERY_TIMEOUT_MS`, `MEMWAL_QUERY_TOTAL_MEMORY_MIB`,
@@ -104,6 +109,17 @@ pub struct ServeConfig {
     pub index_catchup: bool,
     /// ... at most once per this many seconds (0: every cycle).
     pub index_catchup_secs: u64,
+    /// End compaction cycles with base maintenance (small fragments
+    /// merged by size tier, deletions materialized).
+    pub maintenance: bool,
+    /// Rows a base fragment grows to through maintenance.
+    pub target_fragment_rows: usize,
+    /// A base fragment whose deleted rows pass this percentage of its rows
+    /// is rewritten without them.
+    pub materialize_deletions_pct: u32,
+    /// With `gc`: base-table versions older than `gc_grace_secs` are
+    /// removed (lance's `cleanup_old_versions`; tagged versions stay).
+    pub base_cleanup: bool,
     /// Seconds in-flight Flight calls may run on after SIGTERM.
     pub drain_secs: u64,
     /// Ingest calls open at once.
@@ -201,6 +217,10 @@ impl Default for ServeConfig {
             compact_every_secs: 30,
             index_catchup: true,
             index_catchup_secs: 0,
+            maintenance: true,
+            target_fragment_rows: 1 << 20,
+            materialize_deletions_pct: 10,
+            base_cleanup: true,
             drain_secs: 10,
             max_streams: 256,
             max_connections: 512,
@@ -276,6 +296,10 @@ pub struct ServeArgs {
     /// (0: after every compaction cycle) [default: 0].
     #[arg(long)]
     pub index_catchup_secs: Option<u64>,
+    /// Do not maintain the base table after compaction cycles (its
+    /// fragments and deleted rows then grow with every commit).
+    #[arg(long)]
+    pub no_maintenance: bool,
     /// Seconds in-flight calls may run on after SIGTERM before they are cut
     /// and every shard closes [default: 10].
     #[arg(long)]
@@ -450,6 +474,9 @@ fn flag_layer(args: &ServeArgs) -> Result<serde_json::Map<String, serde_json::Va
     if let Some(s) = args.index_catchup_secs {
         put("index_catchup_secs", s.into());
     }
+    if args.no_maintenance {
+        put("maintenance", false.into());
+    }
     if let Some(s) = args.drain_secs {
         put("drain_secs", s.into());
     }
@@ -557,6 +584,10 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "compact_every_secs",
             "index_catchup",
             "index_catchup_secs",
+            "maintenance",
+            "target_fragment_rows",
+            "materialize_deletions_pct",
+            "base_cleanup",
             "drain_secs",
             "max_streams",
             "max_connections",
@@ -630,10 +661,17 @@ pub fn resolve(args: &ServeArgs) -> Result<ServeConfig, String> {
             "lance_fragment_readahead",
             config.lance_fragment_readahead == 0,
         ),
+        ("target_fragment_rows", config.target_fragment_rows == 0),
     ] {
         if zero {
             return Err(format!("{key} must be at least 1"));
         }
+    }
+    if config.materialize_deletions_pct > 100 {
+        return Err(format!(
+            "materialize_deletions_pct must be within 0..=100, not {}",
+            config.materialize_deletions_pct
+        ));
     }
     if config.tls_cert.is_some() != config.tls_key.is_some() {
         return Err("TLS needs both tls_cert and tls_key (or neither)".into());

@@ -7,6 +7,7 @@
 mod config;
 mod inspect;
 mod load;
+mod logging;
 mod query;
 mod read_ahead;
 mod serve;
@@ -366,13 +367,7 @@ fn main() -> ExitCode {
 async fn run_main(cli: Cli) -> ExitCode {
     // Crash points named in FAILPOINTS (test builds only; see memwal_store).
     memwal_store::failpoints_from_env();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,lance_io::object_store=error".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    logging::init();
     match run(cli).await {
         Ok(out) => {
             print!("{out}");

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use memwal_compactor::{Compactor, CompactorConfig, CompactorTask, GcConfig};
+use memwal_compactor::{Compactor, CompactorTask};
 use memwal_server::{http, FlightServiceServer, IngestService, TableHost};
 use memwal_store::open_store;
 use memwal_table::TableSharding;
@@ -238,16 +238,8 @@ pub async fn serve(args: ServeArgs) -> Result<String, String> {
     if args.compactor {
         for (name, uri) in &names {
             let loc = open_store(uri).map_err(|e| e.to_string())?;
-            let gc = args.gc.then(|| GcConfig {
-                grace: Duration::from_secs(args.gc_grace_secs),
-                ..GcConfig::default()
-            });
-            let config = CompactorConfig {
-                index_catchup: args
-                    .index_catchup
-                    .then(|| Duration::from_secs(args.index_catchup_secs)),
-                ..CompactorConfig::default()
-            };
+            let gc = args.gc.then(|| crate::table::gc_config(&args));
+            let config = crate::table::compactor_config(&args);
             let compactor = Compactor::new(loc, config);
             if let Some(host) = hosts.get(name) {
                 host.attach_compactor(compactor.clone());

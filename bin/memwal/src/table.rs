@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use memwal_compactor::{collect_garbage, Compactor, CompactorConfig, GcConfig};
+use memwal_compactor::{collect_garbage, Compactor, CompactorConfig, GcConfig, MaintenanceConfig};
 use memwal_store::open_store;
 use memwal_table::{create_table, TableSharding};
 
@@ -178,7 +178,38 @@ async fn with_spinner<T>(what: String, work: impl std::future::Future<Output = T
     out
 }
 
-/// `memwal compact`: one cycle; fails when any shard failed.
+/// The compactor settings `serve` (and `memwal compact`) derive from the
+/// daemon's settings.
+pub fn compactor_config(args: &crate::config::ServeConfig) -> CompactorConfig {
+    CompactorConfig {
+        index_catchup: args
+            .index_catchup
+            .then(|| Duration::from_secs(args.index_catchup_secs)),
+        maintenance: args.maintenance.then(|| MaintenanceConfig {
+            target_rows_per_fragment: args.target_fragment_rows,
+            materialize_deletions_threshold: args.materialize_deletions_pct as f32 / 100.0,
+            ..MaintenanceConfig::default()
+        }),
+        ..CompactorConfig::default()
+    }
+}
+
+/// The garbage collection settings `serve` derives from the daemon's
+/// settings: with `base_cleanup`, base versions superseded longer ago than
+/// the grace period go, and never sooner than the query timeout (a query
+/// reads the version it started on until it ends).
+pub fn gc_config(args: &crate::config::ServeConfig) -> GcConfig {
+    let grace = Duration::from_secs(args.gc_grace_secs);
+    let queries = Duration::from_millis(args.query_timeout_ms);
+    GcConfig {
+        grace,
+        base_retention: args.base_cleanup.then_some(grace.max(queries)),
+        ..GcConfig::default()
+    }
+}
+
+/// `memwal compact`: one full cycle (merges, index catch-up, base
+/// maintenance); fails when any shard or the maintenance failed.
 pub async fn compact(uri: &str) -> Result<String, String> {
     let loc = open_store(uri).map_err(|e| e.to_string())?;
     let compactor = Compactor::new(loc, CompactorConfig::default());
@@ -204,6 +235,24 @@ pub async fn compact(uri: &str) -> Result<String, String> {
     }
     if out.is_empty() && failed.is_empty() {
         out.push_str("no shards\n");
+    }
+    match compactor.last_maintenance() {
+        Some(Ok(m)) => out.push_str(&format!(
+            "base: {} -> {} fragments, {} -> {} deleted rows, {} live rows, version {} ({})\n",
+            m.before.fragments,
+            m.after.fragments,
+            m.before.deleted_rows,
+            m.after.deleted_rows,
+            m.after.live_rows,
+            m.after.version,
+            match (&m.skipped, m.committed) {
+                (_, true) => format!("rewrote {} fragments", m.fragments_removed),
+                (Some(why), false) => format!("nothing rewritten: {why}"),
+                (None, false) => "nothing rewritten".to_string(),
+            }
+        )),
+        Some(Err(e)) => failed.push(format!("base maintenance: {e}")),
+        None => {}
     }
     if failed.is_empty() {
         Ok(out)

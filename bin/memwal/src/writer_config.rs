@@ -59,6 +59,14 @@ pub struct WriterSettings {
     /// Idempotent producers a shard keeps at most; a new one past it is
     /// refused (FAILED_PRECONDITION) until idle ones expire. Default 100000.
     pub producer_limit: Option<usize>,
+    /// Once this many published SSTables of a shard wait for compaction,
+    /// its puts are slowed (0: never). Default 32.
+    pub stall_slowdown_sstables: Option<usize>,
+    /// ... and at this many refused with RESOURCE_EXHAUSTED until the
+    /// compactor catches up (0: never). Default 96.
+    pub stall_stop_sstables: Option<usize>,
+    /// The longest wait a slowdown puts on one put, in ms. Default 100.
+    pub stall_max_delay_ms: Option<u64>,
 }
 
 /// `sstable_compression` values.
@@ -160,6 +168,15 @@ impl WriterSettings {
         if let Some(v) = self.use_table_defaults {
             c.use_table_defaults = v;
         }
+        if let Some(v) = self.stall_slowdown_sstables {
+            c.stall_slowdown_sstables = v;
+        }
+        if let Some(v) = self.stall_stop_sstables {
+            c.stall_stop_sstables = v;
+        }
+        if let Some(v) = self.stall_max_delay_ms {
+            c.stall_max_delay = Duration::from_millis(v);
+        }
         c.validate().map_err(|e| format!("writer: {e}"))?;
         Ok(c)
     }
@@ -201,6 +218,13 @@ impl WriterSettings {
                 .producer_expiry_hours
                 .or(Some(d.producer_expiry.as_secs() / 3600)),
             producer_limit: self.producer_limit.or(Some(d.producer_limit)),
+            stall_slowdown_sstables: self
+                .stall_slowdown_sstables
+                .or(Some(d.stall_slowdown_sstables)),
+            stall_stop_sstables: self.stall_stop_sstables.or(Some(d.stall_stop_sstables)),
+            stall_max_delay_ms: self
+                .stall_max_delay_ms
+                .or(Some(d.stall_max_delay.as_millis() as u64)),
         }
     }
 }

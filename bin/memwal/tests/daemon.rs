@@ -586,6 +586,75 @@ async fn the_daemon_compacts_and_collects_garbage_by_itself() {
     assert!(got.values().all(|v| v.starts_with("r2-")), "{got:?}");
 }
 
+// Breaks if a normal run (ingest, flushes, compaction with base
+// maintenance and GC, SQL reads) logs anything at ERROR: lance logs
+// "Index __lance_mem_wal has no fields" at ERROR for the MemWAL system
+// index on every compaction cycle and many reads, which the daemon's log
+// filter drops. Also checks that /status reports the base's health after
+// maintenance ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_normal_ingest_compaction_and_read_run_logs_no_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("t").to_str().unwrap().to_string();
+    init_bucket_table(&table);
+    let d = Daemon::launch(
+        &table,
+        &[
+            "--compact-every-secs",
+            "1",
+            "--gc-grace-secs",
+            "0",
+            "--min-flush-interval-ms",
+            "0",
+        ],
+    );
+    let mut c = client(&d.flight, None).await;
+    for round in 0..4i64 {
+        let ids: Vec<i64> = (round * 10..round * 10 + 40).collect();
+        put(&mut c, &["t"], vec![rows(&ids, &format!("r{round}"))])
+            .await
+            .unwrap();
+        flush(&mut c).await;
+        let n = sql_rows(&d.flight, "SELECT count(*) AS n FROM t")
+            .await
+            .unwrap();
+        assert_eq!(n[0].num_rows(), 1);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        let (_, body) = http_fetch(&d.http, "/status", None);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let t = &v["tables"]["t"];
+        let caught_up = t["shards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["compaction_lag_generations"] == 0 && s["pending_sstables"] == 0);
+        if caught_up && t["maintenance"]["base"]["live_rows"] == 70 {
+            break v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not compacted and maintained within 2 minutes: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let base = &status["tables"]["t"]["maintenance"]["base"];
+    assert!(base["fragments"].as_u64().unwrap() >= 1, "{status}");
+    let rows = sql_rows(&d.flight, "SELECT id, v FROM t WHERE id = 5")
+        .await
+        .unwrap();
+    assert_eq!(rows[0].num_rows(), 1);
+    let errors = d.errors.clone();
+    d.stop_ok();
+    let errors = errors.lock().unwrap().clone();
+    assert!(
+        errors.is_empty(),
+        "lines logged at ERROR:\n{}",
+        errors.join("\n")
+    );
+}
+
 // A SIGTERM that arrives while the daemon is still claiming and replaying
 // stops it gracefully once its tables are open (flushing what it
 // replayed), instead of the default action killing it. Breaks if the

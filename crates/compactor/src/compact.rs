@@ -15,6 +15,7 @@ use memwal_table::{compacted_generations, latest_manifest, list_shards, open_dat
 use tracing::Instrument;
 
 use crate::catchup::CatchupReport;
+use crate::maintain::{MaintenanceConfig, MaintenanceReport};
 use crate::merge::{merge_sstables, Attempt, Merged};
 use crate::{names, CompactorError, Result};
 
@@ -28,12 +29,19 @@ pub struct CompactorConfig {
     /// [`CompactorError::Contention`]. Default 10.
     pub max_conflicts: u32,
     /// Consecutive generations of a shard merged in one commit (last write
-    /// wins resolved across them first), at most. Default 8; 1 merges one
+    /// wins resolved across them first), at most. Default 256: a backlog is
+    /// merged in steps bounded by `max_commit_bytes`, so a compactor that
+    /// fell behind catches up in fewer, larger commits. 1 merges one
     /// generation per commit.
     pub max_group: usize,
     /// ... and at most this much of their in-memory size (the memory a
     /// commit's key resolution and passes work over). Default 256 MiB.
     pub max_commit_bytes: u64,
+    /// Base maintenance after each cycle's merges and index catch-up
+    /// ([`Compactor::maintain_base`]); `None`: never (the base's fragments
+    /// and deletions then grow with every commit). Default: on, with
+    /// [`MaintenanceConfig::default`].
+    pub maintenance: Option<MaintenanceConfig>,
     /// How often a cycle ([`Compactor::run_once`]) ends by bringing the
     /// base table's indexes up to the compacted generations
     /// ([`Compactor::catch_up_indexes`]): at most once per this interval
@@ -47,8 +55,9 @@ impl Default for CompactorConfig {
         Self {
             retry: RetryPolicy::default(),
             max_conflicts: 10,
-            max_group: 8,
+            max_group: 256,
             max_commit_bytes: 256 << 20,
+            maintenance: Some(MaintenanceConfig::default()),
             index_catchup: Some(std::time::Duration::ZERO),
         }
     }
@@ -91,7 +100,13 @@ pub struct Compactor {
 struct CatchupHistory {
     last: Option<(Instant, CatchupOutcome)>,
     last_commit: Option<CatchupReport>,
+    /// The last maintenance run, and the last one that committed.
+    maintenance: Option<MaintenanceOutcome>,
+    maintenance_commit: Option<MaintenanceReport>,
 }
+
+/// What a maintenance run did, or why it failed.
+pub type MaintenanceOutcome = std::result::Result<MaintenanceReport, String>;
 
 /// What an index catch-up did, or why it failed.
 pub type CatchupOutcome = std::result::Result<CatchupReport, String>;
@@ -126,6 +141,37 @@ impl Compactor {
     /// cost).
     pub fn last_index_catchup_commit(&self) -> Option<CatchupReport> {
         self.catchup.lock().last_commit.clone()
+    }
+
+    /// The last base maintenance a cycle ran: what it did, or why it
+    /// failed.
+    pub fn last_maintenance(&self) -> Option<MaintenanceOutcome> {
+        self.catchup.lock().maintenance.clone()
+    }
+
+    /// The last base maintenance that committed a rewrite.
+    pub fn last_maintenance_commit(&self) -> Option<MaintenanceReport> {
+        self.catchup.lock().maintenance_commit.clone()
+    }
+
+    /// Runs [`Self::maintain_base`] when maintenance is on; a failure is
+    /// logged and counted (the next cycle tries again).
+    async fn maintain_if_on(&self) {
+        if self.config.maintenance.is_none() {
+            return;
+        }
+        let result = self.maintain_base().await.map_err(|e| {
+            metrics::counter!(names::MAINTENANCE_ERRORS).increment(1);
+            tracing::warn!(error = %e, "base maintenance failed");
+            e.to_string()
+        });
+        let mut history = self.catchup.lock();
+        if let Ok(r) = &result {
+            if r.committed {
+                history.maintenance_commit = Some(r.clone());
+            }
+        }
+        history.maintenance = Some(result);
     }
 
     /// Runs [`Self::catch_up_indexes`] when `index_catchup` says one is
@@ -163,9 +209,11 @@ impl Compactor {
     }
 
     /// One cycle over every shard of the table, then (when due) an index
-    /// catch-up. A shard that fails does not stop the others: its error is
-    /// returned alongside the reports of the shards that succeeded; a
-    /// failed catch-up is logged and kept for [`Self::last_index_catchup`].
+    /// catch-up, then (when on) base maintenance. A shard that fails does
+    /// not stop the others: its error is returned alongside the reports of
+    /// the shards that succeeded; a failed catch-up or maintenance run is
+    /// logged and kept for [`Self::last_index_catchup`] /
+    /// [`Self::last_maintenance`].
     ///
     /// Guarantees, whatever runs concurrently (writers, other compactors) and
     /// wherever this run stops: each generation's changes reach the base
@@ -186,6 +234,7 @@ impl Compactor {
                 out.push(r);
             }
             self.catch_up_if_due().await;
+            self.maintain_if_on().await;
             Ok(out)
         }
         .instrument(span)

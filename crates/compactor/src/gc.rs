@@ -177,11 +177,44 @@ async fn base_facts(
     }
     let compacted_latest = compacted_generations(uri, details)?;
     let retention = config.base_retention.map(|r| r.max(config.grace));
-    if let (Some(retention), false) = (retention, config.dry_run) {
-        let older_than = chrono::Duration::from_std(retention)
-            .map_err(|_| CompactorError::invalid(uri, "base_retention is out of range"))?;
+    let listed = latest
+        .versions()
+        .await
+        .map_err(CompactorError::lance(uri, "listing base table versions"))?;
+    // The version that was current `retention` ago: every version before
+    // it was superseded longer ago than that, so no reader that started
+    // within the retention still reads it. (A version's own timestamp is
+    // when it was written, not when it stopped being the latest: a cutoff
+    // on it alone would remove a version superseded a moment ago.)
+    let keep_from = retention.map(|r| {
+        let cutoff = now_millis() - r.as_millis() as i64;
+        listed
+            .iter()
+            .filter(|v| v.timestamp.timestamp_millis() < cutoff)
+            .map(|v| v.version)
+            .max()
+            .unwrap_or(0)
+    });
+    let removable: Vec<u64> = keep_from
+        .map(|k| {
+            listed
+                .iter()
+                .map(|v| v.version)
+                .filter(|v| *v < k && *v != latest.version().version)
+                .collect()
+        })
+        .unwrap_or_default();
+    if !removable.is_empty() && !config.dry_run {
+        let policy = lance::dataset::cleanup::CleanupPolicyBuilder::default()
+            .error_if_tagged_old_versions(false)
+            .versions(removable.clone())
+            .map_err(CompactorError::lance(
+                uri,
+                "planning the base table cleanup",
+            ))?
+            .build();
         let removed = latest
-            .cleanup_old_versions(older_than, Some(false), Some(false))
+            .cleanup_with_policy(policy)
             .await
             .map_err(CompactorError::lance(
                 uri,
@@ -193,17 +226,18 @@ async fn base_facts(
             "base table cleanup"
         );
     }
-    let versions = latest
-        .versions()
-        .await
-        .map_err(CompactorError::lance(uri, "listing base table versions"))?;
-    let cutoff = retention
-        .filter(|_| config.dry_run)
-        .map(|r| now_millis() - r.as_millis() as i64);
+    let versions = if removable.is_empty() || config.dry_run {
+        listed
+    } else {
+        latest
+            .versions()
+            .await
+            .map_err(CompactorError::lance(uri, "listing base table versions"))?
+    };
     let oldest = versions
         .iter()
-        .filter(|v| cutoff.is_none_or(|c| v.timestamp.timestamp_millis() >= c))
         .map(|v| v.version)
+        .filter(|v| !config.dry_run || keep_from.is_none_or(|k| *v >= k))
         .min()
         .unwrap_or(latest.version().version);
     let compacted_oldest = if oldest == latest.version().version {

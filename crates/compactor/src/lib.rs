@@ -17,14 +17,16 @@ mod catchup;
 mod compact;
 mod error;
 mod gc;
+mod maintain;
 mod merge;
 mod resolve;
 mod task;
 
 pub use catchup::CatchupReport;
-pub use compact::{CatchupOutcome, Compactor, CompactorConfig, ShardReport};
+pub use compact::{CatchupOutcome, Compactor, CompactorConfig, MaintenanceOutcome, ShardReport};
 pub use error::{CompactorError, Result};
 pub use gc::{collect_garbage, GcConfig, GcReport};
+pub use maintain::{BaseHealth, MaintenanceConfig, MaintenanceReport};
 pub use task::{CompactorTask, Gate as CompactorGate};
 
 /// Metric names the compactor records.
@@ -58,4 +60,23 @@ pub mod names {
     /// Gauge (label `index`): generations the index lags behind the
     /// compacted ones (largest over shards).
     pub const INDEX_LAG_GENERATIONS: &str = "memwal_index_lag_generations";
+    /// Counter: base maintenance runs that committed a rewrite.
+    pub const MAINTENANCE_COMMITS: &str = "memwal_maintenance_commits_total";
+    /// Counter: base fragments rewritten by maintenance.
+    pub const MAINTENANCE_FRAGMENTS_REWRITTEN: &str =
+        "memwal_maintenance_fragments_rewritten_total";
+    /// Counter: base maintenance runs that failed.
+    pub const MAINTENANCE_ERRORS: &str = "memwal_maintenance_errors_total";
+    /// Histogram: seconds of a maintenance run that committed.
+    pub const MAINTENANCE_SECONDS: &str = "memwal_maintenance_seconds";
+    /// Gauge: fragments of the base table (after the last maintenance run).
+    pub const BASE_FRAGMENTS: &str = "memwal_base_fragments";
+    /// Gauge: rows of the base table readers see.
+    pub const BASE_LIVE_ROWS: &str = "memwal_base_live_rows";
+    /// Gauge: deleted rows the base table still stores.
+    pub const BASE_DELETED_ROWS: &str = "memwal_base_deleted_rows";
+    /// Gauge: base fragments with a deletion file.
+    pub const BASE_DELETION_FILES: &str = "memwal_base_deletion_files";
+    /// Gauge: bytes of the base table's data files (latest version).
+    pub const BASE_DATA_BYTES: &str = "memwal_base_data_bytes";
 }

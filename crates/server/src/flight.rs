@@ -342,6 +342,7 @@ impl FlightService for IngestService {
                 "table": name,
                 "shards": t.status().await,
                 "index_catchup": t.index_catchup(),
+                "maintenance": t.maintenance(),
             }),
             other => {
                 return Err(Status::invalid_argument(format!(

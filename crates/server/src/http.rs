@@ -89,6 +89,7 @@ async fn status(State(s): State<HttpState>, headers: HeaderMap) -> Response {
             json!({
                 "shards": t.status().await,
                 "index_catchup": t.index_catchup(),
+                "maintenance": t.maintenance(),
                 "cluster": t.cluster_status(),
             }),
         );

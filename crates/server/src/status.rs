@@ -50,6 +50,16 @@ pub struct ShardStatus {
     /// base index has caught up to (`index_catchup`; SSTables above it stay
     /// until it catches up). Empty when the base could not be read.
     pub index_catchup: BTreeMap<String, u64>,
+    /// Published SSTables reads still merge (not yet covered by the base),
+    /// the write stalls' measure (when serving).
+    pub pending_sstables: Option<usize>,
+    /// `slowed` or `stopped` while a write stall holds the shard's puts
+    /// back (with why), `None` otherwise.
+    pub stall: Option<String>,
+    /// Puts the shard's write stalls delayed and refused so far.
+    pub stalled_puts: Option<u64>,
+    /// See `stalled_puts`.
+    pub refused_puts: Option<u64>,
 }
 
 impl ShardStatus {
@@ -77,6 +87,10 @@ impl ShardStatus {
             compaction_lag_generations: None,
             last_error: Some(why.to_string()),
             index_catchup: BTreeMap::new(),
+            pending_sstables: None,
+            stall: None,
+            stalled_puts: None,
+            refused_puts: None,
         }
     }
 }
@@ -118,6 +132,12 @@ impl ShardSet {
                 let mut status = match slot {
                     Slot::Live(w) => {
                         let s = w.stats();
+                        // Counted against the base just read (the
+                        // writer's own count moves only at its publishes
+                        // and stalled puts).
+                        let pending = base.as_ref().map_or(s.pending_sstables, |b| {
+                            w.pending_above(b.covered_generation(w.shard().uuid().as_bytes()))
+                        });
                         let m = w.manifest();
                         let done = compacted(w.shard());
                         ShardStatus {
@@ -136,6 +156,10 @@ impl ShardSet {
                                 .map(|d| s.published_generation.saturating_sub(d)),
                             last_error: s.terminal.clone().or(s.last_flush_error.clone()),
                             index_catchup: BTreeMap::new(),
+                            pending_sstables: Some(pending),
+                            stall: w.stall_at(pending),
+                            stalled_puts: Some(s.stalled_puts),
+                            refused_puts: Some(s.refused_puts),
                         }
                     }
                     Slot::Closing(w) => ShardStatus::not_serving(

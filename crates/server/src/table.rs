@@ -440,4 +440,45 @@ impl TableHost {
         let last_commit = c.last_index_catchup_commit().map(|r| report(&r));
         Some(serde_json::json!({ "last": last, "last_commit": last_commit }))
     }
+
+    /// The attached compactor's base maintenance, as JSON: `base` (the
+    /// base table's shape after the last run: fragments, live and deleted
+    /// rows, deletion files, data bytes, version), `last` (what the last
+    /// run did, or `error`) and `last_commit` (the last rewrite); `None`
+    /// without a compactor.
+    pub fn maintenance(&self) -> Option<serde_json::Value> {
+        let c = self.compactor.get()?;
+        let health = |h: &memwal_compactor::BaseHealth| {
+            serde_json::json!({
+                "version": h.version,
+                "fragments": h.fragments,
+                "live_rows": h.live_rows,
+                "deleted_rows": h.deleted_rows,
+                "deleted_share": h.deleted_share(),
+                "deletion_files": h.deletion_files,
+                "data_bytes": h.data_bytes,
+            })
+        };
+        let report = |r: &memwal_compactor::MaintenanceReport| {
+            serde_json::json!({
+                "seconds": r.seconds,
+                "committed": r.committed,
+                "chosen": r.chosen,
+                "fragments_removed": r.fragments_removed,
+                "fragments_added": r.fragments_added,
+                "skipped": r.skipped,
+            })
+        };
+        let last = c.last_maintenance();
+        let base = match &last {
+            Some(Ok(r)) => Some(health(&r.after)),
+            _ => None,
+        };
+        let last = last.map(|l| match l {
+            Ok(r) => report(&r),
+            Err(e) => serde_json::json!({ "error": e }),
+        });
+        let last_commit = c.last_maintenance_commit().map(|r| report(&r));
+        Some(serde_json::json!({ "base": base, "last": last, "last_commit": last_commit }))
+    }
 }

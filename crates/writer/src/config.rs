@@ -126,6 +126,17 @@ pub struct ShardWriterConfig {
     /// `producer_expiry`). Bounds the memory and the checkpoint size the
     /// producers take. Default 100,000.
     pub producer_limit: usize,
+    /// Write stalls (`stall.rs`): once this many published SSTables of the
+    /// shard are not yet covered by the base table, each put waits before
+    /// it is admitted, up to `stall_max_delay` at `stall_stop_sstables`.
+    /// 0: no slowdown. Default 32.
+    pub stall_slowdown_sstables: usize,
+    /// ... and at this many, puts are refused ([`crate::Error::Backpressure`],
+    /// nothing written) until the compactor catches up. 0: never refused.
+    /// Default 96; when both are set, above `stall_slowdown_sstables`.
+    pub stall_stop_sstables: usize,
+    /// The longest wait a slowdown puts on one put. Default 100 ms.
+    pub stall_max_delay: Duration,
 }
 
 impl Default for ShardWriterConfig {
@@ -150,6 +161,9 @@ impl Default for ShardWriterConfig {
             close_timeout: Duration::from_secs(60),
             producer_expiry: Duration::from_secs(7 * 24 * 3600),
             producer_limit: 100_000,
+            stall_slowdown_sstables: 32,
+            stall_stop_sstables: 96,
+            stall_max_delay: Duration::from_millis(100),
             replay_publish: ReplayPublish::InBackground,
             sstable_compression: SsTableCompression::Off,
         }
@@ -211,6 +225,15 @@ impl ShardWriterConfig {
         }
         if self.close_timeout.is_zero() {
             return bad("close_timeout must be > 0".into());
+        }
+        if self.stall_slowdown_sstables > 0
+            && self.stall_stop_sstables > 0
+            && self.stall_stop_sstables <= self.stall_slowdown_sstables
+        {
+            return bad(format!(
+                "stall_stop_sstables ({}) must be above stall_slowdown_sstables ({}) (or 0)",
+                self.stall_stop_sstables, self.stall_slowdown_sstables
+            ));
         }
         if self.max_unflushed_age == Some(Duration::ZERO) {
             return bad("max_unflushed_age must be > 0 (or None)".into());

@@ -259,6 +259,7 @@ async fn publish_in_order(
                 if !live {
                     memwal_store::crash_point("writer::mid_replay");
                 }
+                inner.debt.set(inner, m.sstables.len());
                 *inner.manifest.lock() = m;
                 let mut st = inner.state.lock();
                 // The frozen queue and the job queue are filled in one

@@ -41,7 +41,7 @@
 
 // The write path, bottom to top (each module imports only those above
 // it): config, error, stats, resolve -> storage, lifecycle -> state ->
-// flusher, backpressure -> write_path -> put, replay, evolve -> open ->
+// flusher, backpressure, stall -> write_path -> put, replay, evolve -> open ->
 // writer (the public handle, imported by nobody).
 mod backpressure;
 mod checkpoint;
@@ -55,6 +55,7 @@ mod producers;
 mod put;
 mod replay;
 mod resolve;
+mod stall;
 mod state;
 pub mod stats;
 mod storage;

@@ -232,6 +232,7 @@ pub(crate) async fn submit_as(
     async {
         let started = Instant::now();
         let bytes = check_size(inner, &storage)?;
+        crate::stall::admit(inner).await?;
         let deadline = Instant::now() + inner.config.backpressure_timeout;
         let mut storage = Some(storage);
         let mut waited = false;

@@ -174,6 +174,8 @@ pub(crate) struct Inner {
     pub backpressure_waits: AtomicU64,
     /// SSTable writes and publishes that failed transiently.
     pub flush_failures: AtomicU64,
+    /// The shard's compaction debt (write stalls).
+    pub debt: crate::stall::Debt,
 }
 
 impl Inner {
@@ -222,7 +224,10 @@ impl Inner {
             publishes: AtomicU64::new(0),
             backpressure_waits: AtomicU64::new(0),
             flush_failures: AtomicU64::new(0),
+            debt: crate::stall::Debt::default(),
         });
+        let listed = inner.manifest.lock().sstables.len();
+        inner.debt.set(&inner, listed);
         (inner, jobs_rx)
     }
 

@@ -45,6 +45,12 @@ pub mod names {
     pub const PRODUCERS: &str = "memwal_writer_producers";
     /// Counter: moves onto a new version of the table's schema.
     pub const SCHEMA_CHANGES: &str = "memwal_writer_schema_changes_total";
+    /// Gauge: published SSTables of the shard not yet covered by the base
+    /// table (what every read merges; the write stalls' measure).
+    pub const PENDING_SSTABLES: &str = "memwal_writer_pending_sstables";
+    /// Counter (label `action`: `delayed` or `refused`): puts a write
+    /// stall delayed or refused.
+    pub const STALLED_PUTS: &str = "memwal_writer_stalled_puts_total";
 }
 
 /// The writer's metric handles, every one labelled `shard` (its id), so a
@@ -69,6 +75,7 @@ pub(crate) struct Meters {
     pub producer_refusals: metrics::Counter,
     pub producer_checkpoints: metrics::Counter,
     pub producers: metrics::Gauge,
+    pub pending_sstables: metrics::Gauge,
 }
 
 impl std::fmt::Debug for Meters {
@@ -102,8 +109,15 @@ impl Meters {
             producer_refusals: metrics::counter!(names::PRODUCER_REFUSALS, &l()),
             producer_checkpoints: metrics::counter!(names::PRODUCER_CHECKPOINTS, &l()),
             producers: metrics::gauge!(names::PRODUCERS, &l()),
+            pending_sstables: metrics::gauge!(names::PENDING_SSTABLES, &l()),
             shard,
         }
+    }
+
+    /// Counts a put a write stall delayed or refused (`action`).
+    pub(crate) fn stalled_puts(&self, action: &'static str) {
+        metrics::counter!(names::STALLED_PUTS, "shard" => self.shard.clone(), "action" => action)
+            .increment(1);
     }
 
     /// Counts a freeze for `reason`.
@@ -149,6 +163,13 @@ pub struct WriterStats {
     pub flush_failures: u64,
     /// The last SSTable write or publish failure (cleared by a publish).
     pub last_flush_error: Option<String>,
+    /// Published SSTables not yet covered by the base table (the write
+    /// stalls' measure, as of the last publish or stall refresh).
+    pub pending_sstables: usize,
+    /// Puts a write stall delayed, and refused.
+    pub stalled_puts: u64,
+    /// See `stalled_puts`.
+    pub refused_puts: u64,
     /// The error that made the writer terminal, if any.
     pub terminal: Option<String>,
 }

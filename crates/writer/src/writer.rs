@@ -420,6 +420,46 @@ impl ShardWriter {
         inner.record_unflushed(&inner.state.lock());
     }
 
+    /// Whether a write stall holds this shard's puts back now, and why:
+    /// `stopped: ...` (puts refused) or `slowed: ...` (puts delayed);
+    /// `None` below `stall_slowdown_sstables`. As of the last publish or
+    /// stalled put; [`Self::stall_at`] answers for a fresher count.
+    pub fn stall(&self) -> Option<String> {
+        self.stall_at(self.inner.debt.pending())
+    }
+
+    /// The stall `pending` uncompacted SSTables put this shard in (see
+    /// [`Self::stall`]).
+    pub fn stall_at(&self, pending: usize) -> Option<String> {
+        let c = &self.inner.config;
+        if c.stall_stop_sstables > 0 && pending >= c.stall_stop_sstables {
+            Some(format!(
+                "stopped: {pending} SSTables wait for compaction (writer.stall_stop_sstables = {})",
+                c.stall_stop_sstables
+            ))
+        } else if c.stall_slowdown_sstables > 0 && pending >= c.stall_slowdown_sstables {
+            Some(format!(
+                "slowed: {pending} SSTables wait for compaction (writer.stall_slowdown_sstables = {})",
+                c.stall_slowdown_sstables
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// The SSTables this writer's manifest lists above `covered` (the
+    /// base table's covered generation of the shard, as a reader of the
+    /// base just found it): what reads of the shard merge.
+    pub fn pending_above(&self, covered: u64) -> usize {
+        self.inner
+            .manifest
+            .lock()
+            .sstables
+            .iter()
+            .filter(|s| s.generation > covered)
+            .count()
+    }
+
     /// A snapshot of the writer's state.
     pub fn stats(&self) -> WriterStats {
         let inner = &self.inner;
@@ -447,6 +487,9 @@ impl ShardWriter {
             backpressure_waits: inner.backpressure_waits.load(Ordering::Relaxed),
             flush_failures: inner.flush_failures.load(Ordering::Relaxed),
             last_flush_error: st.last_flush_error.clone(),
+            pending_sstables: inner.debt.pending(),
+            stalled_puts: inner.debt.delayed.load(Ordering::Relaxed),
+            refused_puts: inner.debt.refused.load(Ordering::Relaxed),
             terminal: st.terminal.as_ref().map(|e| e.to_string()),
         }
     }

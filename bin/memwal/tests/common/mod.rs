@@ -33,6 +33,8 @@ pub struct Daemon {
     pub http: String,
     /// The daemon's stderr, its last [`LOG_LINES`] lines.
     pub log: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    /// Every line the daemon logged at ERROR.
+    pub errors: Arc<std::sync::Mutex<Vec<String>>>,
     /// The thread draining stderr (ends when the daemon does).
     drain: Option<std::thread::JoinHandle<()>>,
 }
@@ -91,9 +93,16 @@ impl Daemon {
         // Keep draining stderr so the daemon never blocks on it, keeping
         // the tail for failure messages.
         let log = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+        let errors = Arc::new(std::sync::Mutex::new(Vec::new()));
         let tail = log.clone();
+        let logged_errors = errors.clone();
         let drain = std::thread::spawn(move || {
             for l in lines.map_while(Result::ok) {
+                // The level as the daemon prints it (no colours: stderr is
+                // not a terminal here).
+                if l.contains(" ERROR ") {
+                    logged_errors.lock().unwrap().push(l.clone());
+                }
                 let mut t = tail.lock().unwrap();
                 if t.len() == LOG_LINES {
                     t.pop_front();
@@ -117,6 +126,7 @@ impl Daemon {
             http: addr("http://"),
             child,
             log,
+            errors,
             drain: Some(drain),
         })
     }

@@ -7,6 +7,7 @@
 mod compaction;
 mod faults;
 mod gc;
+mod maintenance;
 mod schema;
 mod support;
 mod workload;
