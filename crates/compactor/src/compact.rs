@@ -83,6 +83,25 @@ pub struct ShardReport {
     pub commits: u32,
     /// Generations found already compacted by a concurrent compactor.
     pub skipped: Vec<u64>,
+    /// Those of `merged` that went in commits shared with other shards
+    /// (`together.rs`). A shared commit's rows, tombstones and commits are
+    /// counted once, in the report of its first shard, so sums over the
+    /// reports of a cycle are exact.
+    pub shared: Vec<u64>,
+}
+
+impl ShardReport {
+    /// This report followed by `later` (a later run over the same shard).
+    fn then(mut self, later: ShardReport) -> ShardReport {
+        self.compacted_after = later.compacted_after.max(self.compacted_after);
+        self.merged.extend(later.merged);
+        self.rows_written += later.rows_written;
+        self.tombstones += later.tombstones;
+        self.commits += later.commits;
+        self.skipped.extend(later.skipped);
+        self.shared.extend(later.shared);
+        self
+    }
 }
 
 /// Merges published SSTables into the base table of one table.
@@ -225,8 +244,18 @@ impl Compactor {
         async {
             self.require_index().await?;
             let mut out = Vec::new();
-            for shard in list_shards(&self.loc).await? {
-                let r = self.compact_shard(shard).await;
+            let shards = list_shards(&self.loc).await?;
+            // Backlogs of several shards first, in shared commits; then
+            // each shard alone for whatever is left.
+            let mut together = self.compact_together(&shards).await;
+            for shard in shards {
+                let r =
+                    self.compact_shard(shard)
+                        .await
+                        .map(|alone| match together.remove(&shard) {
+                            Some(shared) => shared.then(alone),
+                            None => alone,
+                        });
                 if let Err(e) = &r {
                     metrics::counter!(names::ERRORS).increment(1);
                     tracing::warn!(%shard, error = %e, "compaction of shard failed");
@@ -321,7 +350,7 @@ impl Compactor {
                     last,
                     attempts
                 );
-                let result = merge_sstables(base.clone(), &datasets, shard, last, &dirs, uri)
+                let result = merge_sstables(base.clone(), &datasets, &[(shard, last)], &dirs, uri)
                     .instrument(step)
                     .await;
                 match result {

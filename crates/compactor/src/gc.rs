@@ -320,18 +320,35 @@ async fn sweep_shard(
     let dir = rel.fold(root, |p, part| p.join(part.as_ref()));
     let (grace, dry_run) = (config.grace, config.dry_run);
     let shown = dir.clone();
-    let swept =
-        tokio::task::spawn_blocking(move || memwal_store::sweep_staged(&dir, grace, dry_run))
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))
-            .and_then(|r| r)
-            .map_err(|e| CompactorError::Store {
-                path: shown.display().to_string(),
-                source: Box::new(object_store::Error::Generic {
-                    store: "LocalFileSystem",
-                    source: Box::new(e),
-                }),
-            })?;
+    // The SSTable directories whose objects this run deleted: a local
+    // store keeps the (now empty) directories, one per generation.
+    let emptied: Vec<_> = if dry_run {
+        Vec::new()
+    } else {
+        report
+            .sstables
+            .iter()
+            .chain(&report.abandoned)
+            .map(|name| dir.join(name))
+            .collect()
+    };
+    let swept = tokio::task::spawn_blocking(move || {
+        let swept = memwal_store::sweep_staged(&dir, grace, dry_run)?;
+        for d in &emptied {
+            memwal_store::remove_empty_dirs(d)?;
+        }
+        Ok(swept)
+    })
+    .await
+    .map_err(|e| std::io::Error::other(e.to_string()))
+    .and_then(|r| r)
+    .map_err(|e| CompactorError::Store {
+        path: shown.display().to_string(),
+        source: Box::new(object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(e),
+        }),
+    })?;
     report.staged = swept.iter().map(|p| p.display().to_string()).collect();
     Ok(report)
 }

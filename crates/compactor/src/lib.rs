@@ -21,6 +21,7 @@ mod maintain;
 mod merge;
 mod resolve;
 mod task;
+mod together;
 
 pub use catchup::CatchupReport;
 pub use compact::{CatchupOutcome, Compactor, CompactorConfig, MaintenanceOutcome, ShardReport};

@@ -367,19 +367,26 @@ async fn group_rows(
     )))
 }
 
-/// Merges the SSTable datasets of `group` (consecutive generations of
-/// `shard`, oldest first, the last one `generation`; `dirs` names them)
-/// into `base` in one set of passes, committing against `base`'s version.
-/// With more than one member, each key's newest operation across the group
-/// is the only one applied (last write wins across generations).
+/// Merges the SSTable datasets of `group` into `base` in one set of
+/// passes, committing against `base`'s version, with the marker of every
+/// shard in `markers` (shard, the last generation of it in the group). The
+/// group holds, per shard, consecutive generations oldest first; shards of
+/// a group own disjoint keys (routed shards), or there is one shard. With
+/// more than one member, each key's newest operation across the group is
+/// the only one applied (last write wins across generations). `dirs` names
+/// the SSTables in errors.
 pub(crate) async fn merge_sstables(
     base: Arc<Dataset>,
     group: &[&Dataset],
-    shard: ShardId,
-    generation: u64,
+    markers: &[(ShardId, u64)],
     dirs: &str,
     uri: &str,
 ) -> std::result::Result<(Arc<Dataset>, Merged), Attempt> {
+    let shards = markers
+        .iter()
+        .map(|(s, _)| s.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     let cols: Vec<Columns> = group
         .iter()
         .map(|sst| columns(&base, sst, uri, dirs))
@@ -393,11 +400,14 @@ pub(crate) async fn merge_sstables(
         return Err(Attempt::Failed(CompactorError::Corrupt {
             uri: uri.to_string(),
             reason: format!(
-                "SSTables {dirs} of shard {shard} disagree on the `{TOMBSTONE_COLUMN}` column"
+                "SSTables {dirs} of shard(s) {shards} disagree on the `{TOMBSTONE_COLUMN}` column"
             ),
         }));
     }
-    let marker = vec![CompactedSsTable::new(shard.uuid(), generation)];
+    let marker: Vec<CompactedSsTable> = markers
+        .iter()
+        .map(|(shard, generation)| CompactedSsTable::new(shard.uuid(), *generation))
+        .collect();
     let keyed = !base.schema().unenforced_primary_key().is_empty();
     let newest = if keyed && group.len() > 1 {
         let key_names: Vec<String> = cols[0]

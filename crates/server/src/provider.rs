@@ -435,6 +435,51 @@ pub(crate) mod tests {
         host.close().await.unwrap();
     }
 
+    // Breaks if every query opens every fresh SSTable again (a backlog of
+    // small SSTables then costs each query one manifest read per SSTable),
+    // or if SSTables compacted away stay open.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fresh_sstables_are_opened_once_while_the_view_lists_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = table(&dir).await;
+        for g in 0..3i64 {
+            let ids: Vec<i64> = (g * 10..g * 10 + 20).collect();
+            host.write(&rows(&host, &ids, |i| format!("g{g}-{i}")), false)
+                .await
+                .unwrap();
+            host.flush().await.unwrap();
+        }
+        let hosts = HashMap::from([("t".to_string(), host.clone())]);
+        let count = || {
+            let hosts = hosts.clone();
+            async move {
+                let limits = crate::query::QueryLimits::default();
+                let got = crate::query::run(&hosts, &limits, "SELECT count(*) AS n FROM t")
+                    .await
+                    .unwrap()
+                    .1;
+                got[0].column(0).as_primitive::<Int64Type>().value(0)
+            }
+        };
+        assert_eq!(count().await, 40);
+        let (kept, opened) = host.reader().opened_sstables();
+        assert!(kept >= 3 && opened == kept as u64, "{kept} {opened}");
+        assert_eq!(count().await, 40);
+        assert_eq!(
+            host.reader().opened_sstables(),
+            (kept, opened),
+            "the second query opened nothing"
+        );
+        compact(&host).await;
+        assert_eq!(count().await, 40);
+        assert_eq!(
+            host.reader().opened_sstables().0,
+            0,
+            "compacted ones dropped"
+        );
+        host.close().await.unwrap();
+    }
+
     /// The `id -> v` rows a scan of `host` with `filter` returns.
     async fn scanned(host: &TableHost, filter: Expr) -> HashMap<i64, String> {
         let req = crate::reader::scan::ScanRequest {

@@ -34,5 +34,5 @@ pub use failpoint::{broken, crash_point, failpoints_from_env, pause};
 pub use object_store::{path::Path, ObjectStore};
 pub use ops::{create_object, object_exists, put_overwrite, read_object, CreateOutcome};
 pub use retry::RetryPolicy;
-pub use staged::{is_staged_name, local_dir, sweep_staged};
+pub use staged::{is_staged_name, local_dir, remove_empty_dirs, sweep_staged};
 pub use uri::{open_store, StoreLocation};

@@ -81,9 +81,56 @@ pub fn sweep_staged(dir: &Path, grace: Duration, dry_run: bool) -> io::Result<Ve
     Ok(swept)
 }
 
+/// Removes `dir` and the directories below it when they hold no file
+/// (object stores have no directories; a local one keeps them after their
+/// objects are deleted). Returns whether `dir` is gone. A directory that
+/// holds a file, or gets one meanwhile, stays (removing a non-empty
+/// directory fails, and a write into a removed one recreates it).
+pub fn remove_empty_dirs(dir: &Path) -> io::Result<bool> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    let mut empty = true;
+    for entry in entries {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            empty &= remove_empty_dirs(&entry.path())?;
+        } else {
+            empty = false;
+        }
+    }
+    if !empty {
+        return Ok(false);
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
+        // A file arrived meanwhile (ENOTEMPTY): it stays.
+        Err(e) if e.kind() == io::ErrorKind::DirectoryNotEmpty => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_directories_go_and_ones_holding_a_file_stay() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let gone = root.path().join("a_gen_1");
+        std::fs::create_dir_all(gone.join("data/x")).expect("mkdir");
+        let kept = root.path().join("a_gen_2");
+        std::fs::create_dir_all(kept.join("data")).expect("mkdir");
+        std::fs::write(kept.join("data/f.lance"), b"x").expect("write");
+        assert!(remove_empty_dirs(&gone).expect("remove"));
+        assert!(!gone.exists());
+        assert!(!remove_empty_dirs(&kept).expect("remove"));
+        assert!(kept.join("data/f.lance").exists());
+        assert!(remove_empty_dirs(&root.path().join("missing")).expect("remove"));
+    }
 
     #[test]
     fn staged_names_are_recognised() {

@@ -116,7 +116,9 @@ async fn the_writer_drops_compacted_sstables_from_its_manifest() {
 }
 
 // Breaks if shards of a sharded table interfere (one shard's marker
-// covering another's), or a shard's rows are lost or duplicated.
+// covering another's), if a shard's rows are lost or duplicated, or if the
+// shards' backlogs are merged commit by commit per shard instead of in
+// shared commits (a cycle's cost would grow with the number of shards).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_shards_compact_into_one_base() {
     let f = Fixture::new(
@@ -137,10 +139,16 @@ async fn several_shards_compact_into_one_base() {
     }
     let reports = f.compactor().run_once().await.unwrap();
     assert_eq!(reports.len(), BUCKETS as usize);
+    let mut commits = 0;
     for r in reports {
         let r = r.unwrap();
         assert_eq!(r.compacted_after, 3, "{r:?}");
+        // Every shard's backlog went in commits shared by the shards.
+        assert_eq!(r.shared, vec![1, 2, 3], "{r:?}");
+        commits += r.commits;
     }
+    // One group: its delete pass and its upsert pass, not two per shard.
+    assert_eq!(commits, 2);
     assert_model(&f.base_rows().await, &model, "base of four shards");
     assert_model(&f.view_rows().await, &model, "view of four shards");
     for w in writers {

@@ -54,6 +54,18 @@ async fn gc_reclaims_what_is_compacted_and_flushed_and_nothing_else() {
     w.flush().await.unwrap();
     put(&w, &mut model, &[42], "wal-only").await;
 
+    let sstable_dirs: Vec<std::path::PathBuf> = (1..=3)
+        .map(|g| {
+            let shard_dir = std::path::Path::new(&f.path)
+                .join("_mem_wal")
+                .join(shard.to_string());
+            std::fs::read_dir(&shard_dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.to_string_lossy().ends_with(&format!("_gen_{g}")))
+                .unwrap_or_else(|| panic!("no directory of generation {g} in {shard_dir:?}"))
+        })
+        .collect();
     let before = object_count(&f).await;
     let dry = gc(
         &f,
@@ -76,6 +88,10 @@ async fn gc_reclaims_what_is_compacted_and_flushed_and_nothing_else() {
     );
     assert!(!r.manifest_versions.is_empty(), "{r:?}");
     assert_eq!(object_count(&f).await, before - r.objects as usize);
+    // A local store keeps no empty directory of a collected SSTable.
+    for d in &sstable_dirs {
+        assert!(!d.exists(), "{d:?} left behind");
+    }
 
     assert_model(
         &f.base_rows().await,

@@ -50,10 +50,6 @@ use crate::{ServerError, TableHost};
 /// capacity, the allocation's rounding.
 const PER_KEY_OVERHEAD: usize = 48;
 
-/// SSTables opened at once for a scan (each open reads its manifest: on
-/// an object store, a round trip).
-const OPEN_CONCURRENCY: usize = 16;
-
 /// Width assumed for a key column without a fixed width (text, binary).
 const VARIABLE_KEY_WIDTH: usize = 32;
 
@@ -161,27 +157,23 @@ impl TableHost {
             })
             .map(|dir| lance_store.uri(&dir))
             .collect();
-        let opens = uris.into_iter().map(|uri| {
-            let session = session.clone();
-            async move {
-                let ds = lance::dataset::builder::DatasetBuilder::from_uri(uri)
-                    .with_session(session)
-                    .load()
-                    .await?;
+        let opened: Vec<(Arc<lance::Dataset>, usize)> = self
+            .reader()
+            .opened
+            .open(&uris, &session)
+            .await
+            .map_err(|e| self.read_failed("opening an SSTable", e))?
+            .into_iter()
+            .map(|ds| {
                 // Deleted rows included: an upper bound, with no read.
                 let rows = ds
                     .fragments()
                     .iter()
                     .map(|f| f.physical_rows.unwrap_or(0))
                     .sum::<usize>();
-                Ok::<_, lance::Error>((Arc::new(ds), rows))
-            }
-        });
-        let opened: Vec<_> = futures::stream::iter(opens)
-            .buffered(OPEN_CONCURRENCY)
-            .try_collect()
-            .await
-            .map_err(|e| self.read_failed("opening an SSTable", e))?;
+                (ds, rows)
+            })
+            .collect();
         let mut rows: usize = snapshots
             .values()
             .flat_map(|s| s.batches.iter())

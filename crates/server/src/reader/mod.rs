@@ -13,6 +13,7 @@ pub(crate) mod kept;
 pub(crate) mod lookup;
 pub(crate) mod memtables;
 pub(crate) mod merge;
+pub(crate) mod opened;
 pub(crate) mod owners;
 pub(crate) mod scan;
 pub(crate) mod search;
@@ -32,6 +33,9 @@ pub(crate) struct Reader {
     /// Published SSTables opened for key lookups, kept while the view
     /// lists them: an SSTable never changes.
     sstables: lookup::OpenSsTables,
+    /// Published SSTables opened for scans, kept while the view lists
+    /// them (`opened.rs`).
+    opened: opened::Opened,
     /// The held writers' unflushed rows as upstream memtables, kept and
     /// extended read by read.
     memtables: memtables::Memtables,
@@ -66,6 +70,12 @@ impl Reader {
     #[cfg(test)]
     pub(crate) fn kept_bytes(&self) -> usize {
         self.memtables.held_bytes() + self.tails.held_bytes()
+    }
+
+    /// Published SSTables kept open for scans, and opened so far.
+    #[cfg(test)]
+    pub(crate) fn opened_sstables(&self) -> (usize, u64) {
+        self.opened.counts()
     }
 
     /// Scans and key lookups served so far.

@@ -288,17 +288,26 @@ impl TableHost {
         // is pushed into its scan alone.
         arms.push(self.level_scan(&view.base, req, req.limit).await?);
         let lance_store = memwal_sstable::LanceStore::new(self.loc().store.clone());
-        for shard in &view.shards {
-            let layout = memwal_fencing::ShardLayout::new(&self.loc().root, shard.shard);
-            for t in &shard.sstables {
-                let dir = layout.sstable_dir(&t.path);
-                let ds = lance::dataset::builder::DatasetBuilder::from_uri(lance_store.uri(&dir))
-                    .with_session(lance_store.session().clone())
-                    .load()
-                    .await
-                    .map_err(|e| self.read_failed("opening an SSTable", e))?;
-                arms.push(self.level_scan(&Arc::new(ds), req, None).await?);
-            }
+        let lance_store = &lance_store;
+        let uris: Vec<String> = view
+            .shards
+            .iter()
+            .flat_map(|shard| {
+                let layout = memwal_fencing::ShardLayout::new(&self.loc().root, shard.shard);
+                shard
+                    .sstables
+                    .iter()
+                    .map(move |t| lance_store.uri(&layout.sstable_dir(&t.path)))
+            })
+            .collect();
+        let opened = self
+            .reader()
+            .opened
+            .open(&uris, &view.base.session())
+            .await
+            .map_err(|e| self.read_failed("opening an SSTable", e))?;
+        for ds in &opened {
+            arms.push(self.level_scan(ds, req, None).await?);
         }
         let mut unflushed = Vec::new();
         for s in snapshots.into_values() {
