@@ -181,25 +181,17 @@ async fn base_facts(
         .versions()
         .await
         .map_err(CompactorError::lance(uri, "listing base table versions"))?;
-    // The version that was current `retention` ago: every version before
-    // it was superseded longer ago than that, so no reader that started
-    // within the retention still reads it. (A version's own timestamp is
-    // when it was written, not when it stopped being the latest: a cutoff
-    // on it alone would remove a version superseded a moment ago.)
-    let keep_from = retention.map(|r| {
-        let cutoff = now_millis() - r.as_millis() as i64;
-        listed
-            .iter()
-            .filter(|v| v.timestamp.timestamp_millis() < cutoff)
-            .map(|v| v.version)
-            .max()
-            .unwrap_or(0)
-    });
+    let stamps: Vec<(u64, i64)> = listed
+        .iter()
+        .map(|v| (v.version, v.timestamp.timestamp_millis()))
+        .collect();
+    let keep_from =
+        retention.map(|r| superseded_before(&stamps, now_millis() - r.as_millis() as i64));
     let removable: Vec<u64> = keep_from
         .map(|k| {
-            listed
+            stamps
                 .iter()
-                .map(|v| v.version)
+                .map(|(v, _)| *v)
                 .filter(|v| *v < k && *v != latest.version().version)
                 .collect()
         })
@@ -263,6 +255,21 @@ async fn base_facts(
         compacted_oldest,
         indexes,
     })
+}
+
+/// The version that was current at `cutoff_ms` (the newest written
+/// before it), given (version, written at ms) pairs; 0 when none was.
+/// Every version below it was superseded before the cutoff, so no reader
+/// that started after the cutoff reads it. A version's own timestamp is
+/// when it was written, not when it stopped being the latest: a version
+/// written before the cutoff may have been current until a moment ago.
+fn superseded_before(versions: &[(u64, i64)], cutoff_ms: i64) -> u64 {
+    versions
+        .iter()
+        .filter(|(_, at)| *at < cutoff_ms)
+        .map(|(v, _)| *v)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Collects garbage in every shard of the table at `loc`. A shard that
@@ -656,6 +663,19 @@ async fn entry_epoch(loc: &StoreLocation, meta: &ObjectMeta) -> Result<Option<u6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Breaks if a base version is removable because it was written before
+    // the cutoff although it was current until after it (a reader that
+    // started within the grace may still read it).
+    #[test]
+    fn only_versions_superseded_before_the_cutoff_are_removable() {
+        let versions = [(1, 0), (2, 10), (3, 500)];
+        // At 400 ms version 2 was current: only 1 was superseded by then.
+        assert_eq!(superseded_before(&versions, 400), 2);
+        assert_eq!(superseded_before(&versions, 5), 1);
+        assert_eq!(superseded_before(&versions, 0), 0);
+        assert_eq!(superseded_before(&versions, 1000), 3);
+    }
 
     #[test]
     fn directory_generations_parse() {
