@@ -143,24 +143,10 @@ impl TableHost {
         snapshots: &Snapshots,
         view: &memwal_table::TableView,
     ) -> Result<Fresh, ServerError> {
-        let lance_store = memwal_sstable::LanceStore::new(self.loc().store.clone());
-        let session = view.base.session();
-        let uris: Vec<String> = view
-            .shards
-            .iter()
-            .flat_map(|shard| {
-                let layout = memwal_fencing::ShardLayout::new(&self.loc().root, shard.shard);
-                shard
-                    .sstables
-                    .iter()
-                    .map(move |t| layout.sstable_dir(&t.path))
-            })
-            .map(|dir| lance_store.uri(&dir))
-            .collect();
         let opened: Vec<(Arc<lance::Dataset>, usize)> = self
             .reader()
             .opened
-            .open(&uris, &session)
+            .open_view(self.loc(), view)
             .await
             .map_err(|e| self.read_failed("opening an SSTable", e))?
             .into_iter()

@@ -27,21 +27,52 @@ pub(crate) struct Opened {
 }
 
 impl Opened {
-    /// The datasets of `uris` (every SSTable the current view lists, in
-    /// the order wanted): the ones kept, and the others opened (16 at a
-    /// time, with `session`) and kept. Datasets of SSTables not in `uris`
-    /// are dropped.
-    pub(crate) async fn open(
+    /// The datasets of the SSTables `view` lists above its base (each
+    /// shard's, in the view's order): the ones kept, and the others opened
+    /// (16 at a time, with the base's session) and kept. Datasets of
+    /// SSTables the view does not list are dropped.
+    pub(crate) async fn open_view(
+        &self,
+        loc: &memwal_store::StoreLocation,
+        view: &memwal_table::TableView,
+    ) -> lance::Result<Vec<Arc<Dataset>>> {
+        let lance_store = memwal_sstable::LanceStore::new(loc.store.clone());
+        let uris: Vec<String> = view
+            .shards
+            .iter()
+            .flat_map(|shard| {
+                let layout = memwal_fencing::ShardLayout::new(&loc.root, shard.shard);
+                let lance_store = &lance_store;
+                shard
+                    .sstables
+                    .iter()
+                    .map(move |t| lance_store.uri(&layout.sstable_dir(&t.path)))
+            })
+            .collect();
+        self.open(&uris, &view.base.session()).await
+    }
+
+    /// The datasets of `uris`, in that order (see [`Self::open_view`]).
+    async fn open(
         &self,
         uris: &[String],
         session: &Arc<lance::session::Session>,
     ) -> lance::Result<Vec<Arc<Dataset>>> {
+        // The kept ones are taken (cloned) here: a concurrent read of a
+        // newer view may drop them from the map meanwhile.
+        let mut found: HashMap<String, Arc<Dataset>> = HashMap::with_capacity(uris.len());
         let missing: Vec<String> = {
             let listed: std::collections::HashSet<&String> = uris.iter().collect();
             let mut kept = self.datasets.lock();
             kept.retain(|uri, _| listed.contains(uri));
             uris.iter()
-                .filter(|u| !kept.contains_key(*u))
+                .filter(|u| match kept.get(*u) {
+                    Some(ds) => {
+                        found.insert((*u).clone(), ds.clone());
+                        false
+                    }
+                    None => true,
+                })
                 .cloned()
                 .collect()
         };
@@ -61,11 +92,22 @@ impl Opened {
             .await?;
         self.opens
             .fetch_add(opened.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let mut kept = self.datasets.lock();
-        for (uri, ds) in opened {
-            kept.insert(uri, ds);
+        {
+            let mut kept = self.datasets.lock();
+            for (uri, ds) in &opened {
+                kept.insert(uri.clone(), ds.clone());
+            }
         }
-        Ok(uris.iter().filter_map(|u| kept.get(u).cloned()).collect())
+        found.extend(opened);
+        Ok(uris
+            .iter()
+            .map(|u| {
+                found
+                    .get(u)
+                    .expect("every listed SSTable was kept or opened")
+                    .clone()
+            })
+            .collect())
     }
 
     /// How many are kept, and how many were opened so far (tests).

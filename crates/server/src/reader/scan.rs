@@ -287,23 +287,10 @@ impl TableHost {
         // Only the base has no tombstones to drop after its scan: a limit
         // is pushed into its scan alone.
         arms.push(self.level_scan(&view.base, req, req.limit).await?);
-        let lance_store = memwal_sstable::LanceStore::new(self.loc().store.clone());
-        let lance_store = &lance_store;
-        let uris: Vec<String> = view
-            .shards
-            .iter()
-            .flat_map(|shard| {
-                let layout = memwal_fencing::ShardLayout::new(&self.loc().root, shard.shard);
-                shard
-                    .sstables
-                    .iter()
-                    .map(move |t| lance_store.uri(&layout.sstable_dir(&t.path)))
-            })
-            .collect();
         let opened = self
             .reader()
             .opened
-            .open(&uris, &view.base.session())
+            .open_view(self.loc(), view)
             .await
             .map_err(|e| self.read_failed("opening an SSTable", e))?;
         for ds in &opened {
