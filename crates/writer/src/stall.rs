@@ -22,8 +22,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-use memwal_table::BaseTable;
-
 use crate::state::Inner;
 use crate::{Error, Result};
 
@@ -109,19 +107,19 @@ async fn refresh_if_stale(inner: &Arc<Inner>) {
         }
         *at = Some(Instant::now());
     }
-    let storage = &inner.storage;
-    match BaseTable::load(&storage.base, &storage.base_root).await {
-        Ok(table) => {
-            let covered = table.covered_generation(inner.shard.uuid().as_bytes());
-            let pending = inner
-                .manifest
-                .lock()
-                .sstables
-                .iter()
-                .filter(|s| s.generation > covered)
-                .count();
-            inner.debt.set(inner, pending);
-        }
-        Err(e) => tracing::warn!(error = %e, "reading the base table's compaction progress"),
+    if let Some(covered) = inner.storage.covered_generation().await {
+        inner.debt.set(inner, pending_above(inner, covered));
     }
+}
+
+/// The SSTables the writer's manifest lists above `covered` (the base's
+/// covered generation of the shard).
+pub(crate) fn pending_above(inner: &Inner, covered: u64) -> usize {
+    inner
+        .manifest
+        .lock()
+        .sstables
+        .iter()
+        .filter(|s| s.generation > covered)
+        .count()
 }

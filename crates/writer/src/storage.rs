@@ -178,8 +178,9 @@ impl Storage {
     /// any more, in the latest base table version: compacted and covered
     /// by every index reads may use ([`BaseTable::covered_generation`]);
     /// `None` when the base cannot be read now (pruning then waits for a
-    /// later publish: it only keeps manifests small, nothing depends on it).
-    async fn covered_generation(&self) -> Option<u64> {
+    /// later publish: it only keeps manifests small, nothing depends on it;
+    /// a stall's refresh keeps its count).
+    pub(crate) async fn covered_generation(&self) -> Option<u64> {
         let shard = self.manifests.shard().uuid();
         match BaseTable::load(&self.base, &self.base_root).await {
             Ok(table) => Some(table.covered_generation(shard.as_bytes())),

@@ -451,13 +451,7 @@ impl ShardWriter {
     /// base table's covered generation of the shard, as a reader of the
     /// base just found it): what reads of the shard merge.
     pub fn pending_above(&self, covered: u64) -> usize {
-        self.inner
-            .manifest
-            .lock()
-            .sstables
-            .iter()
-            .filter(|s| s.generation > covered)
-            .count()
+        crate::stall::pending_above(&self.inner, covered)
     }
 
     /// A snapshot of the writer's state.
