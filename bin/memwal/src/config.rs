@@ -109,16 +109,13 @@ pub struct ServeConfig {
     pub index_catchup: bool,
     /// ... at most once per this many seconds (0: every cycle).
     pub index_catchup_secs: u64,
-    /// End compaction cycles with base maintenance (small fragments
-    /// merged by size tier, deletions materialized).
+    /// End compaction cycles with base maintenance (base-maintenance.md).
     pub maintenance: bool,
     /// Rows a base fragment grows to through maintenance.
     pub target_fragment_rows: usize,
-    /// A base fragment whose deleted rows pass this percentage of its rows
-    /// is rewritten without them.
+    /// A base fragment past this percentage of deleted rows is rewritten.
     pub materialize_deletions_pct: u32,
-    /// With `gc`: base-table versions older than `gc_grace_secs` are
-    /// removed (lance's `cleanup_old_versions`; tagged versions stay).
+    /// With `gc`: base versions superseded over `gc_grace_secs` ago go.
     pub base_cleanup: bool,
     /// Seconds in-flight Flight calls may run on after SIGTERM.
     pub drain_secs: u64,
